@@ -1,0 +1,81 @@
+"""The sequences of one generate() call: a token buffer on the device and host-side lengths.
+
+Buffer row ``b`` holds what plain generate's ``input_ids`` row would hold: the left-padded
+prompt (``prompt_width`` columns, ``pads[b]`` of them padding) followed by the generated
+tokens; a round writes its drafts after them before it knows which survive. Cache
+positions skip the padding: column ``c`` of row ``b`` is position ``c - pads[b]``.
+
+Lengths live on the host because the round loop reads the accepted counts once per round
+anyway; everything per token stays on the device.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class SequenceBatch:
+    def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, max_new_tokens: int, k: int):
+        B, P = input_ids.shape
+        device = input_ids.device
+        if attention_mask is None:
+            pads = [0] * B
+        else:
+            mask = attention_mask.to(device=device, dtype=torch.long)
+            # Left padding: a row's real tokens are its last `mask.sum()` columns.
+            real = mask.sum(-1)
+            tail_ok = mask.flip(-1).cumprod(-1).sum(-1) == real
+            if not bool(tail_ok.all()):
+                raise ValueError(
+                    "hf_specdec needs left-padded prompts (attention_mask zeros only at the start of a row); "
+                    "set tokenizer.padding_side = 'left'."
+                )
+            pads = (P - real).tolist()
+        if any(p >= P for p in pads):
+            raise ValueError("a prompt in the batch is empty (its attention_mask is all zeros); give every row a token.")
+        self.prompt_width = P
+        self.pads = pads
+        self.max_new_tokens = max_new_tokens
+        self.k = k
+        self.tokens = torch.empty(B, P + max_new_tokens + k + 2, dtype=torch.long, device=device)
+        self.tokens[:, :P] = input_ids
+        self.gen_len = [0] * B
+        self.finished = [False] * B
+        self.device = device
+
+    @property
+    def size(self) -> int:
+        return len(self.gen_len)
+
+    def active_rows(self) -> list[int]:
+        return [b for b, done in enumerate(self.finished) if not done]
+
+    def end(self, b: int) -> int:
+        """Buffer column just past row ``b``'s last committed token."""
+        return self.prompt_width + self.gen_len[b]
+
+    def real_len(self, b: int) -> int:
+        """Committed tokens of row ``b`` without padding (= its cache positions)."""
+        return self.end(b) - self.pads[b]
+
+    def history_lens(self, rows: list[int], num_positions: int) -> tuple[list[int], list[int]]:
+        """Row ids and ``input_ids`` lengths for positions ``0..num_positions-1`` after each row's end."""
+        flat_rows = [b for b in rows for _ in range(num_positions)]
+        lens = [self.end(b) + j for b in rows for j in range(num_positions)]
+        return flat_rows, lens
+
+    def gather(self, rows: list[int], starts: list[int], counts: list[int]) -> torch.Tensor:
+        """Packed tokens ``tokens[b, s : s + n]`` of each row, ``(sum counts,)``."""
+        r = [b for b, n in zip(rows, counts) for _ in range(n)]
+        c = [s + i for s, n in zip(starts, counts) for i in range(n)]
+        return self.tokens[torch.tensor(r, device=self.device), torch.tensor(c, device=self.device)]
+
+    def write(self, rows_t: torch.Tensor, columns: torch.Tensor, values: torch.Tensor) -> None:
+        self.tokens[rows_t, columns] = values
+
+    def sequences(self, pad_token_id: int) -> torch.Tensor:
+        """Plain generate's output: prompts plus generated tokens, padded to the longest row."""
+        width = self.prompt_width + max(self.gen_len, default=0)
+        out = self.tokens[:, :width].clone()
+        for b, n in enumerate(self.gen_len):
+            out[b, self.prompt_width + n:] = pad_token_id
+        return out

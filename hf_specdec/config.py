@@ -1,0 +1,62 @@
+"""SpecConfig: what a user sets to turn ``generate()`` into speculative decoding."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+ACCEPTANCE_METHODS = ("rejection", "typical", "greedy")
+
+
+@dataclass
+class SpecConfig:
+    """Settings of speculative decoding.
+
+    num_speculative_tokens: draft tokens proposed per round (k >= 1).
+    acceptance: "rejection" (exact; the default), "typical" (vLLM's typical acceptance:
+        faster, not exact) or "greedy". Without ``do_sample`` verification is greedy
+        whatever this says, so greedy output equals the target's own greedy output.
+    posterior_threshold, posterior_alpha: typical acceptance's parameters.
+    block_size: tokens per KV cache block.
+    cache_tokens: token budget of each model's paged cache (the target and the draft get
+        the same number of blocks). None sizes the cache for exactly this call's need.
+    cache_memory_fraction: alternatively, the fraction of free accelerator memory the two
+        caches may take (split evenly). Ignored on CPU.
+    generator: a torch.Generator for every random draw (drafting and acceptance), for
+        reproducible sampling without touching the global seed.
+    sync_stage_timing: synchronise the device around each stage so that the stage times in
+        spec_metrics are exact (costs a little speed on GPU).
+    """
+
+    num_speculative_tokens: int = 4
+    acceptance: str = "rejection"
+    posterior_threshold: float = 0.09
+    posterior_alpha: float = 0.3
+    block_size: int = 16
+    cache_tokens: Optional[int] = None
+    cache_memory_fraction: Optional[float] = None
+    generator: Optional[torch.Generator] = None
+    sync_stage_timing: bool = False
+
+    def __post_init__(self):
+        k = self.num_speculative_tokens
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 64:
+            raise ValueError(f"SpecConfig.num_speculative_tokens must be an int in [1, 64]; got {k!r}.")
+        if self.acceptance not in ACCEPTANCE_METHODS:
+            raise ValueError(f"SpecConfig.acceptance must be one of {ACCEPTANCE_METHODS}; got {self.acceptance!r}.")
+        if not 0.0 <= self.posterior_threshold <= 1.0:
+            raise ValueError(f"SpecConfig.posterior_threshold must be in [0, 1]; got {self.posterior_threshold!r}.")
+        if not 0.0 <= self.posterior_alpha <= 1.0:
+            raise ValueError(f"SpecConfig.posterior_alpha must be in [0, 1]; got {self.posterior_alpha!r}.")
+        if not isinstance(self.block_size, int) or not 1 <= self.block_size <= 1024:
+            raise ValueError(f"SpecConfig.block_size must be an int in [1, 1024]; got {self.block_size!r}.")
+        if self.cache_tokens is not None and (not isinstance(self.cache_tokens, int) or self.cache_tokens < 1):
+            raise ValueError(f"SpecConfig.cache_tokens must be a positive int or None; got {self.cache_tokens!r}.")
+        frac = self.cache_memory_fraction
+        if frac is not None and not 0.0 < frac <= 0.95:
+            raise ValueError(f"SpecConfig.cache_memory_fraction must be in (0, 0.95] or None; got {frac!r}.")
+        if self.cache_tokens is not None and frac is not None:
+            raise ValueError("Set at most one of SpecConfig.cache_tokens and SpecConfig.cache_memory_fraction.")
+        if self.generator is not None and not isinstance(self.generator, torch.Generator):
+            raise ValueError(f"SpecConfig.generator must be a torch.Generator or None; got {type(self.generator)}.")

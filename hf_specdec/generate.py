@@ -1,0 +1,116 @@
+"""The custom_generate callable: speculative decoding rounds inside ``model.generate()``.
+
+transformers has already merged the generation config, built the logits processors and
+stopping criteria, set max_length and expanded the batch for num_return_sequences; it
+calls ``speculative_generate(model, input_ids, ...)`` with all of that. One round:
+
+    propose  draft model, k steps          strategies/draft_model.py
+    score    one ragged target forward     strategies/target_scorer.py
+    verify   greedy / rejection / typical  strategies/verifier.py -> kernels/
+    commit   EOS, limits, stop criteria    commit.py; both caches roll back to what was kept
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from .batch_state import SequenceBatch
+from .cache import paged_attention_enabled
+from .commit import Committer
+from .config import SpecConfig
+from .logits import LogitsPipeline
+from .metrics import SpecMetrics, StageTimer
+from .sampling import choose_tokens
+from .setup import build_caches, check_request
+from .strategies.draft_model import DraftModelProposer
+from .strategies.target_scorer import TargetScorer
+from .strategies.verifier import Verifier
+
+
+@dataclass
+class SpecDecodeOutput(GenerateDecoderOnlyOutput):
+    """Hugging Face's output plus the acceptance and timing statistics of the call."""
+
+    spec_metrics: Optional[SpecMetrics] = None
+
+
+def speculative_generate(
+    model: PreTrainedModel,
+    input_ids: torch.LongTensor,
+    logits_processor=None,
+    stopping_criteria=None,
+    generation_config: Optional[GenerationConfig] = None,
+    spec_config: Optional[SpecConfig] = None,
+    draft_model: Optional[PreTrainedModel] = None,
+    spec_streamer=None,
+    **model_kwargs,
+):
+    spec_config = spec_config if spec_config is not None else SpecConfig()
+    generation_config = generation_config if generation_config is not None else model.generation_config
+    request = check_request(model, draft_model, input_ids, generation_config, spec_config, model_kwargs, spec_streamer)
+    k, do_sample, gen = spec_config.num_speculative_tokens, request.do_sample, spec_config.generator
+    metrics = SpecMetrics(num_speculative_tokens=k)
+    timer = StageTimer(metrics, input_ids.device, spec_config.sync_stage_timing)
+    start = time.perf_counter()
+
+    batch = SequenceBatch(input_ids, model_kwargs.get("attention_mask"), request.max_new_tokens, k)
+    target_cache, draft_cache = build_caches(model, draft_model, batch, spec_config)
+    logits = LogitsPipeline(logits_processor)
+    scorer = TargetScorer(model, target_cache, k)
+    proposer = DraftModelProposer(draft_model, draft_cache, logits, k, request.vocab_size, do_sample, gen)
+    verifier = Verifier(spec_config.acceptance, do_sample, k, gen, spec_config.posterior_threshold,
+                        spec_config.posterior_alpha)
+    committer = Committer(request.eos_token_ids, stopping_criteria, spec_streamer,
+                          generation_config.output_scores, generation_config.output_logits)
+    if spec_streamer is not None:
+        spec_streamer.put(input_ids.cpu())
+
+    with paged_attention_enabled(model, draft_model):
+        rows = batch.active_rows()
+        with timer("prefill_seconds"):
+            raw = scorer.prefill(batch, rows)[:, : request.vocab_size]
+            scores = logits(raw, batch.tokens, *batch.history_lens(rows, 1))
+            first, _ = choose_tokens(scores, do_sample, gen)
+        proposer.add_rows(rows)
+        release(committer.commit(batch, rows, [[t] for t in first.tolist()], scores, raw, 1), scorer, proposer)
+
+        while rows := batch.active_rows():
+            with timer("propose_seconds"):
+                proposal = proposer.get_candidates(batch, rows)
+            with timer("score_seconds"):
+                raw = scorer.score(batch, rows)[:, : request.vocab_size]
+                scores = logits(raw, batch.tokens, *batch.history_lens(rows, k + 1))
+            with timer("verify_seconds"):
+                emitted, num_accepted = verifier(proposal, scores)
+            host = torch.cat([num_accepted[:, None], emitted], dim=1).tolist()  # the round's one sync
+            accepted = [h[0] for h in host]
+            runs = [h[1 : a + 2] for h, a in zip(host, accepted)]
+            metrics.record_round(accepted, k)
+            proposer.update_candidate_strategy(batch, rows, accepted)
+            scorer.update_after_verify(batch, rows, accepted)
+            release(committer.commit(batch, rows, runs, scores, raw, k + 1), scorer, proposer)
+    committer.end()
+
+    metrics.num_emitted_tokens = sum(batch.gen_len)
+    metrics.total_seconds = time.perf_counter() - start
+    sequences = batch.sequences(request.pad_token_id)
+    if not generation_config.return_dict_in_generate:
+        return sequences
+    B, V = batch.size, request.vocab_size
+    return SpecDecodeOutput(
+        sequences=sequences,
+        scores=committer.per_step(committer.scores, B, V, batch.device) if generation_config.output_scores else None,
+        logits=committer.per_step(committer.logits, B, V, batch.device) if generation_config.output_logits else None,
+        spec_metrics=metrics,
+    )
+
+
+def release(rows: list[int], scorer: TargetScorer, proposer: DraftModelProposer) -> None:
+    if rows:
+        scorer.release(rows)
+        proposer.release(rows)

@@ -1,0 +1,55 @@
+"""Hugging Face's own logits processors, applied to the many positions of a speculative round.
+
+Plain generate calls the processor list once per step with the batch's left-padded
+``input_ids`` (prompt padding included). A round scores k+1 positions per sequence and
+the sequences have generated different numbers of tokens, so row ``(b, j)`` must be
+processed with exactly the ``input_ids`` plain generate would have had there: the
+sequence's padded prompt, its generated tokens and its first ``j`` drafts. Rows are
+grouped by that history length and each group goes through the list once.
+
+Processors that never read ``input_ids`` (temperature, top-k, top-p, min-p, typical,
+epsilon, eta) take all rows in one call.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from transformers.generation.logits_process import (
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    TypicalLogitsWarper,
+)
+
+_HISTORY_FREE = (
+    TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper,
+    TypicalLogitsWarper, EpsilonLogitsWarper, EtaLogitsWarper,
+)
+
+
+class LogitsPipeline:
+    def __init__(self, processors: LogitsProcessorList | None):
+        self.processors = processors or LogitsProcessorList()
+        self.history_free = all(isinstance(p, _HISTORY_FREE) for p in self.processors)
+
+    def __call__(self, scores: torch.Tensor, tokens: torch.Tensor, rows: list[int], history_lens: list[int]) -> torch.Tensor:
+        """Process ``scores`` ``(R, V)``; row ``i`` belongs to buffer row ``rows[i]`` whose history is
+        ``tokens[rows[i], :history_lens[i]]``."""
+        if not self.processors:
+            return scores
+        if self.history_free:
+            return self.processors(tokens[:, :1].new_zeros(scores.shape[0], 1), scores)
+        groups: dict[int, list[int]] = defaultdict(list)
+        for i, length in enumerate(history_lens):
+            groups[length].append(i)
+        out = torch.empty_like(scores)
+        for length, members in groups.items():
+            index = torch.tensor(members, device=scores.device)
+            buffer_rows = torch.tensor([rows[i] for i in members], device=tokens.device)
+            out[index] = self.processors(tokens[buffer_rows, :length], scores[index])
+        return out

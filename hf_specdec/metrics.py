@@ -1,0 +1,78 @@
+"""Acceptance and timing statistics of one speculative generate() call."""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+
+@dataclass
+class SpecMetrics:
+    """Counts follow vLLM: a *draft* is one sequence's proposal in one round; accepted tokens
+    count the accepted prefix only; mean acceptance length counts the bonus token too."""
+
+    num_speculative_tokens: int = 0
+    num_rounds: int = 0
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_emitted_tokens: int = 0
+    accepted_per_position: list = field(default_factory=list)
+    propose_seconds: float = 0.0
+    score_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    total_seconds: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+    @property
+    def acceptance_per_position(self) -> list:
+        """Share of drafts whose j-th token was accepted (as part of the accepted prefix)."""
+        return [a / self.num_drafts if self.num_drafts else 0.0 for a in self.accepted_per_position]
+
+    def record_round(self, num_accepted: list, k: int) -> None:
+        if not self.accepted_per_position:
+            self.accepted_per_position = [0] * k
+        self.num_rounds += 1
+        self.num_drafts += len(num_accepted)
+        self.num_draft_tokens += k * len(num_accepted)
+        self.num_accepted_tokens += sum(num_accepted)
+        for a in num_accepted:
+            for j in range(a):
+                self.accepted_per_position[j] += 1
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(acceptance_rate=self.acceptance_rate, mean_acceptance_length=self.mean_acceptance_length,
+                 acceptance_per_position=self.acceptance_per_position)
+        return d
+
+
+class StageTimer:
+    """Adds wall time of a stage to a SpecMetrics field; optionally synchronises the device first."""
+
+    def __init__(self, metrics: SpecMetrics, device: torch.device, sync: bool):
+        self.metrics = metrics
+        self.sync = sync and device.type == "cuda"
+        self.device = device
+
+    @contextmanager
+    def __call__(self, field_name: str):
+        if self.sync:
+            torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.sync:
+                torch.cuda.synchronize(self.device)
+            setattr(self.metrics, field_name, getattr(self.metrics, field_name) + time.perf_counter() - start)

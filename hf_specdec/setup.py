@@ -1,0 +1,125 @@
+"""Checks of a speculative generate() request and sizing of the two paged caches.
+
+Every refusal names the problem and the fix; nothing is generated for a request that
+cannot be served exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel
+
+from .batch_state import SequenceBatch
+from .cache import PagedKVCache, blocks_for, check_paged_support
+from .config import SpecConfig
+
+# Vocabularies padded for efficiency differ by at most this many (unused) rows.
+_MAX_VOCAB_PADDING = 256
+_UNSUPPORTED_MODEL_KWARGS = ("inputs_embeds", "past_key_values_in", "encoder_outputs", "pixel_values")
+
+
+@dataclass
+class Request:
+    do_sample: bool
+    max_new_tokens: int
+    vocab_size: int
+    eos_token_ids: list
+    pad_token_id: int
+
+
+def _as_list(x) -> list:
+    if x is None:
+        return []
+    if isinstance(x, torch.Tensor):
+        return x.flatten().tolist()
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def check_vocabularies(target: PreTrainedModel, draft: PreTrainedModel) -> int:
+    t_cfg, d_cfg = target.config.get_text_config(), draft.config.get_text_config()
+    vt, vd = t_cfg.vocab_size, d_cfg.vocab_size
+    if abs(vt - vd) > _MAX_VOCAB_PADDING:
+        raise ValueError(
+            f"draft and target vocabularies differ: target {type(target).__name__} has {vt} tokens, draft "
+            f"{type(draft).__name__} has {vd}. Speculative decoding needs a draft with the target's tokenizer "
+            "(vocabularies may differ only by padding rows)."
+        )
+    for name in ("bos_token_id", "eos_token_id"):
+        a, b = _as_list(getattr(t_cfg, name, None)), _as_list(getattr(d_cfg, name, None))
+        if a and b and not set(a) & set(b):
+            raise ValueError(
+                f"draft and target disagree on {name} ({b} vs {a}): they were not trained with the same tokenizer. "
+                "Use a draft that shares the target's tokenizer."
+            )
+    return vt
+
+
+def check_request(model, draft_model, input_ids, generation_config: GenerationConfig, spec_config: SpecConfig,
+                  model_kwargs: dict, streamer) -> Request:
+    if draft_model is None:
+        raise ValueError("speculative decoding needs a draft model: pass assistant_model=<draft> to generate().")
+    if generation_config.num_beams is not None and generation_config.num_beams > 1:
+        raise ValueError(f"hf_specdec does not do beam search (num_beams={generation_config.num_beams}); "
+                         "use num_beams=1 or drop spec_config.")
+    for name in _UNSUPPORTED_MODEL_KWARGS:
+        if model_kwargs.get(name) is not None:
+            raise ValueError(f"hf_specdec does not accept `{name}`; pass input_ids (and attention_mask).")
+    check_paged_support(model)
+    check_paged_support(draft_model)
+    if streamer is not None and input_ids.shape[0] > 1:
+        raise ValueError(f"streaming needs batch size 1 (got {input_ids.shape[0]} sequences), as in plain generate().")
+    vocab = check_vocabularies(model, draft_model)
+
+    max_new = generation_config.max_length - input_ids.shape[1]
+    if max_new < 1:
+        raise ValueError(f"max_length ({generation_config.max_length}) leaves no room after the {input_ids.shape[1]}-token "
+                         "prompt; set max_new_tokens.")
+    mask = model_kwargs.get("attention_mask")
+    longest = int(mask.sum(-1).max()) if mask is not None else input_ids.shape[1]
+    for m in (model, draft_model):
+        limit = getattr(m.config.get_text_config(), "max_position_embeddings", None)
+        if limit is not None and longest + max_new > limit:
+            raise ValueError(
+                f"a prompt of {longest} tokens plus max_new_tokens={max_new} exceeds {type(m).__name__}'s "
+                f"max_position_embeddings ({limit}); shorten the prompt or lower max_new_tokens."
+            )
+
+    eos = _as_list(getattr(generation_config, "_eos_token_tensor", None)) or _as_list(generation_config.eos_token_id)
+    pad = _as_list(getattr(generation_config, "_pad_token_tensor", None)) or _as_list(generation_config.pad_token_id)
+    pad_id = pad[0] if pad else (eos[0] if eos else 0)
+    return Request(bool(generation_config.do_sample), max_new, vocab, eos, pad_id)
+
+
+def _bytes_per_token(model: PreTrainedModel) -> int:
+    cfg = model.config.get_text_config()
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return 2 * cfg.num_hidden_layers * kv_heads * head_dim * model.dtype.itemsize
+
+
+def build_caches(target: PreTrainedModel, draft: PreTrainedModel, batch: SequenceBatch,
+                 spec: SpecConfig) -> tuple[PagedKVCache, PagedKVCache]:
+    """Both caches get the same number of blocks: every token needs a slot in each (vLLM splits evenly)."""
+    bs = spec.block_size
+    per_seq = max(batch.real_len(b) for b in range(batch.size)) + batch.max_new_tokens + spec.num_speculative_tokens + 1
+    if spec.cache_tokens is not None:
+        num_blocks = blocks_for(spec.cache_tokens, bs)
+        hint = f"Raise SpecConfig.cache_tokens (now {spec.cache_tokens})."
+    elif spec.cache_memory_fraction is not None and batch.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(batch.device)
+        per_block = bs * (_bytes_per_token(target) + _bytes_per_token(draft))
+        num_blocks = int(free * spec.cache_memory_fraction) // per_block
+        hint = f"Raise SpecConfig.cache_memory_fraction (now {spec.cache_memory_fraction})."
+    else:
+        num_blocks = sum(blocks_for(batch.real_len(b) + batch.max_new_tokens + spec.num_speculative_tokens + 1, bs)
+                         for b in range(batch.size))
+        hint = "Set SpecConfig.cache_tokens to a larger budget."
+    if num_blocks < 1:
+        raise ValueError(f"the KV cache budget gives no block of {bs} tokens; {hint}")
+    caches = []
+    for m in (target, draft):
+        device = m.get_input_embeddings().weight.device
+        caches.append(PagedKVCache(num_blocks, bs, batch.size, per_seq, device, hint))
+    return caches[0], caches[1]
