@@ -51,8 +51,9 @@ class PagedKVCache:
         pool = self.key_pools.get(layer_idx)
         if pool is None:
             shape = (self.num_blocks, self.block_size, like.shape[-2], like.shape[-1])
-            self.key_pools[layer_idx] = pool = torch.empty(shape, dtype=like.dtype, device=like.device)
-            self.value_pools[layer_idx] = torch.empty(shape, dtype=like.dtype, device=like.device)
+            # zeros, not empty: masked-out garbage (NaN) would still poison probs @ V
+            self.key_pools[layer_idx] = pool = torch.zeros(shape, dtype=like.dtype, device=like.device)
+            self.value_pools[layer_idx] = torch.zeros(shape, dtype=like.dtype, device=like.device)
         return pool, self.value_pools[layer_idx]
 
     # -- sequences -----------------------------------------------------------------
