@@ -1,0 +1,246 @@
+"""Triton paged-cache kernels: KV slot write and paged attention over ragged queries.
+
+Same signatures and layout as ``paged_attention_reference.py``:
+
+* caches ``(num_blocks, block_size, kv_heads, head_dim)``; position ``pos`` of sequence
+  ``b`` lives in slot ``block_tables[b, pos // block_size] * block_size + pos % block_size``;
+* packed queries ``(T, heads, head_dim)``, sequence ``b`` owns rows
+  ``query_start_loc[b] : query_start_loc[b+1]``; ``seq_lens[b]`` counts its tokens after
+  this step, so its new token ``i`` sits at position ``seq_lens[b] - qlen_b + i``.
+
+``_write_kv_kernel``: one program per new token, copies its ``kv_heads x head_dim`` key
+and value rows into their slot (casting to the cache dtype). A negative slot is skipped
+(padding tokens).
+
+``_paged_attention_kernel``: one program per (sequence, block of ``BLOCK_Q`` query tokens,
+kv head); grid ``(B, cdiv(max_query_len, BLOCK_Q), kv_heads)``, programs past a sequence's
+own query length exit at once. The program's query tile stacks the ``G = heads /
+kv_heads`` query heads that share the kv head with its ``BLOCK_Q`` tokens: row ``m`` is
+token ``m // G``, head ``kv_head * G + m % G``. ``BLOCK_M = BLOCK_Q * G`` is padded to at
+least 16 rows so that ``tl.dot`` gets a legal tile even for one decode token, and the
+head dimension is padded to a power of two (80 -> 128) with masked loads. The program
+then walks the sequence's keys in tiles of ``BLOCK_N`` positions (gathering each
+position's slot through the block table, so any block size works), from the first key
+any of its queries may see (``q_pos - window + 1`` for sliding windows) to its last
+query's position, with an online softmax (flash-attention / flash-decoding):
+
+    s = q k^T * scale;  s = tanh(s / softcap) * softcap;  s = -inf where k_pos > q_pos
+        or q_pos - k_pos >= window;
+    m' = max(m, rowmax s);  l = l * 2^(m - m') + rowsum 2^(s - m');
+    acc = acc * 2^(m - m') + 2^(s - m') v;     out = acc / l      (in log2 units)
+
+Matmuls run in the input dtype with float32 accumulation (float32 inputs use IEEE
+float32, not tf32). Output is in the query's dtype.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+# Triton's CPU interpreter multiplies bfloat16 tiles as raw bits in tl.dot; there (only) the
+# kernel upcasts bfloat16 operands to float32. Compiled kernels use bfloat16 tensor-core dots.
+_INTERPRET_BF16 = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def _write_kv_kernel(
+    key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, slot_ptr,
+    num_kv_heads, head_dim, block_size,
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_kc_blk, stride_kc_pos, stride_kc_h,
+    stride_vc_blk, stride_vc_pos, stride_vc_h,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot >= 0:
+        blk = slot // block_size
+        off = slot % block_size
+        h = tl.arange(0, BLOCK_H)[:, None]
+        d = tl.arange(0, BLOCK_D)[None, :]
+        m = (h < num_kv_heads) & (d < head_dim)
+        k = tl.load(key_ptr + t.to(tl.int64) * stride_kt + h * stride_kh + d, mask=m)
+        v = tl.load(value_ptr + t.to(tl.int64) * stride_vt + h * stride_vh + d, mask=m)
+        tl.store(key_cache_ptr + blk * stride_kc_blk + off * stride_kc_pos + h * stride_kc_h + d,
+                 k.to(key_cache_ptr.dtype.element_ty), mask=m)
+        tl.store(value_cache_ptr + blk * stride_vc_blk + off * stride_vc_pos + h * stride_vc_h + d,
+                 v.to(value_cache_ptr.dtype.element_ty), mask=m)
+
+
+def write_kv_to_slots_triton(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write ``key``/``value`` ``(T, kv_heads, head_dim)`` into the flat slots ``slot_mapping`` ``(T,)``, in place."""
+    T, KVH, D = key.shape
+    if T == 0:
+        return
+    if key.stride(-1) != 1:
+        key = key.contiguous()
+    if value.stride(-1) != 1:
+        value = value.contiguous()
+    assert key_cache.stride(-1) == 1 and value_cache.stride(-1) == 1, "caches need a contiguous head_dim"
+    _write_kv_kernel[(T,)](
+        key, value, key_cache, value_cache, slot_mapping,
+        KVH, D, key_cache.shape[1],
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        BLOCK_H=triton.next_power_of_2(KVH), BLOCK_D=triton.next_power_of_2(D),
+        num_warps=4 if KVH * D >= 1024 else 1,
+    )
+
+
+@triton.jit
+def _paged_attention_kernel(
+    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
+    scale, softcap, sliding_window,
+    head_dim, block_size, num_groups,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_kc_blk, stride_kc_pos, stride_kc_h,
+    stride_vc_blk, stride_vc_pos, stride_vc_h,
+    stride_bt,
+    HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE_FP32: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0)
+    q_block = tl.program_id(1)
+    kv_head = tl.program_id(2)
+    q_start = tl.load(query_start_loc_ptr + b).to(tl.int64)
+    q_len = (tl.load(query_start_loc_ptr + b + 1) - q_start).to(tl.int32)
+    first_tok = q_block * BLOCK_Q
+    if first_tok < q_len:
+        seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
+        ctx_len = seq_len - q_len  # position of the first new token
+
+        # Query tile: row m = token m // G of this block, head kv_head * G + m % G.
+        m_idx = tl.arange(0, BLOCK_M)
+        tok = first_tok + m_idx // num_groups
+        head = kv_head * num_groups + m_idx % num_groups
+        row_ok = (m_idx < BLOCK_Q * num_groups) & (tok < q_len)
+        q_pos = ctx_len + tok
+        d = tl.arange(0, BLOCK_D)
+        d_ok = d < head_dim
+        q = tl.load(q_ptr + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        if UPCAST:
+            q = q.to(tl.float32)
+
+        # Key range seen by any query of the tile.
+        last_pos = ctx_len + tl.minimum(q_len, first_tok + BLOCK_Q) - 1
+        hi = tl.minimum(last_pos + 1, seq_len)
+        lo = 0
+        if HAS_WINDOW:
+            lo = tl.maximum(ctx_len + first_tok - sliding_window + 1, 0)
+        lo = (lo // BLOCK_N) * BLOCK_N
+
+        m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        qk_scale = scale * 1.4426950408889634  # work in log2 units
+        bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+        for n_start in range(lo, hi, BLOCK_N):
+            k_pos = n_start + tl.arange(0, BLOCK_N)
+            k_ok = k_pos < hi
+            blk = tl.load(bt_row + k_pos // block_size, mask=k_ok, other=0).to(tl.int64)
+            off = (k_pos % block_size).to(tl.int64)
+            kv_mask = k_ok[:, None] & d_ok[None, :]
+            k = tl.load(k_cache_ptr + (blk * stride_kc_blk + off * stride_kc_pos + kv_head * stride_kc_h)[:, None]
+                        + d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(v_cache_ptr + (blk * stride_vc_blk + off * stride_vc_pos + kv_head * stride_vc_h)[:, None]
+                        + d[None, :], mask=kv_mask, other=0.0)
+            if UPCAST:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+            if IEEE_FP32:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            if HAS_SOFTCAP:
+                x = s * (scale / softcap)
+                # tanh(x) = 1 - 2 / (exp(2x) + 1): exact limits at +-inf, no libdevice needed
+                s = (1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)) * (softcap * 1.4426950408889634)
+            else:
+                s = s * qk_scale
+            allowed = (k_pos[None, :] <= q_pos[:, None]) & k_ok[None, :]
+            if HAS_WINDOW:
+                allowed = allowed & ((q_pos[:, None] - k_pos[None, :]) < sliding_window)
+            s = tl.where(allowed, s, -float("inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            if IEEE_FP32:
+                pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+
+        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+        out = acc / l_safe[:, None]
+        tl.store(out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+def _tile_sizes(max_query_len: int, num_groups: int, head_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_Q, BLOCK_M, BLOCK_N, BLOCK_D): the query tile stacks BLOCK_Q tokens x G heads, >= 16 rows."""
+    rows = max(int(max_query_len), 1) * num_groups
+    block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)
+    block_m = max(block_m, triton.next_power_of_2(num_groups))
+    block_q = max(1, block_m // num_groups)
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_n = 64 if block_d <= 64 else 32
+    if block_m >= 64 and block_d <= 128:
+        block_n = 64
+    return block_q, block_m, block_n, block_d
+
+
+def paged_attention_triton(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+    sliding_window: Optional[int] = None,
+    softcap: Optional[float] = None,
+) -> torch.Tensor:
+    """Triton twin of ``paged_attention_reference``: ``(T, heads, head_dim)`` in the query's dtype."""
+    T, H, D = query.shape
+    B = block_tables.shape[0]
+    KVH = key_cache.shape[2]
+    G = H // KVH
+    out = torch.empty_like(query)
+    if T == 0 or B == 0:
+        return out
+    if query.stride(-1) != 1:
+        query = query.contiguous()
+    assert key_cache.stride(-1) == 1 and value_cache.stride(-1) == 1, "caches need a contiguous head_dim"
+    block_q, block_m, block_n, block_d = _tile_sizes(max_query_len, G, D)
+    grid = (B, triton.cdiv(max(int(max_query_len), 1), block_q), KVH)
+    _paged_attention_kernel[grid](
+        out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
+        float(scale), float(softcap) if softcap is not None else 1.0,
+        int(sliding_window) if sliding_window is not None else 0,
+        D, key_cache.shape[1], G,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        block_tables.stride(0),
+        HAS_SOFTCAP=softcap is not None, HAS_WINDOW=sliding_window is not None,
+        IEEE_FP32=query.dtype == torch.float32 or _INTERPRET_BF16 and query.dtype == torch.bfloat16,
+        UPCAST=_INTERPRET_BF16 and query.dtype == torch.bfloat16,
+        BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        num_warps=4, num_stages=2,
+    )
+    return out
