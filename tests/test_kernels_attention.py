@@ -96,6 +96,8 @@ def test_paged_attention_reads_only_own_blocks():
     vc2[~used] = float("nan")
     got = paged_attention_triton(query, kc2, vc2, bt, seq_lens, qsl, mq, 0.25)
     torch.testing.assert_close(got, want, atol=0, rtol=0)
+    ref = paged_attention_reference(query, kc2, vc2, bt, seq_lens, qsl, mq, 0.25)
+    torch.testing.assert_close(ref, want, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("cache_dtype,in_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),

@@ -64,6 +64,11 @@ def paged_attention_reference(
     # Gather every sequence's keys/values into a dense (B, L, KVH, D) view.
     keys = key_cache[block_tables.long()].reshape(B, L, KVH, D).float()
     values = value_cache[block_tables.long()].reshape(B, L, KVH, D).float()
+    # Slots past a sequence's length were never written (or were rolled back): they may hold
+    # anything, NaN included, and 0 * NaN would leak through the masked probabilities.
+    in_seq = (torch.arange(L, device=device)[None, :] < seq_lens.long()[:, None])[:, :, None, None]
+    keys = keys.masked_fill(~in_seq, 0.0)
+    values = values.masked_fill(~in_seq, 0.0)
 
     # Scatter the packed queries into a padded (B, Qmax, H, D) layout.
     qlens = (query_start_loc[1:] - query_start_loc[:-1]).long()
