@@ -1,6 +1,6 @@
 """Kernels of a speculative round, each a Triton kernel beside a torch reference of the same signature.
 
-``rejection_sample``, ``write_kv_to_slots`` and ``paged_attention`` dispatch: on CUDA
+``rejection_sample``, ``typical_accept``, ``write_kv_to_slots`` and ``paged_attention`` dispatch: on CUDA
 tensors to the Triton kernel where one exists, elsewhere (CPU) to the reference.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ import torch
 from .paged_attention_reference import paged_attention_reference, write_kv_to_slots_reference
 from .rejection_sampler_reference import PLACEHOLDER_TOKEN_ID, rejection_sample_reference
 from .sampling_noise import draw_acceptance_noise
+from .typical_acceptance_reference import typical_accept_reference
 
 
 def _triton_module(name: str, tensor: torch.Tensor):
@@ -45,6 +46,25 @@ def rejection_sample(
               max_spec_len, uniform, exponential)
 
 
+def typical_accept(
+    draft_token_ids: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    target_probs: torch.Tensor,
+    max_spec_len: int,
+    posterior_threshold: float,
+    posterior_alpha: float,
+    generators: Optional[Sequence[Optional[torch.Generator]]] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Typical acceptance of flattened ragged drafts; returns ``(B, max_spec_len+1)`` ids (-1 padded) and accepted counts."""
+    _, exponential = draw_acceptance_noise(
+        cu_num_draft_tokens, draft_token_ids.shape[0], target_probs.shape[-1], target_probs.device, generators
+    )
+    impl = _triton_module("typical_acceptance_triton", target_probs)
+    fn = impl.typical_accept_triton if impl is not None else typical_accept_reference
+    return fn(draft_token_ids, cu_num_draft_tokens, target_probs, max_spec_len,
+              posterior_threshold, posterior_alpha, exponential)
+
+
 def write_kv_to_slots(key, value, key_cache, value_cache, slot_mapping) -> None:
     impl = _triton_module("paged_attention_triton", key)
     fn = impl.write_kv_to_slots_triton if impl is not None else write_kv_to_slots_reference
@@ -66,6 +86,8 @@ __all__ = [
     "paged_attention_reference",
     "rejection_sample",
     "rejection_sample_reference",
+    "typical_accept",
+    "typical_accept_reference",
     "write_kv_to_slots",
     "write_kv_to_slots_reference",
 ]

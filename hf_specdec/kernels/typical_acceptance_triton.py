@@ -1,0 +1,131 @@
+"""Triton typical acceptance: the twin of ``typical_accept_reference`` (same signature and outputs).
+
+Math (see the reference): accept ``x_j`` while
+``p_j(x_j) > min(posterior_threshold, posterior_alpha * exp(-H(p_j)))``; at the first
+rejection emit ``argmax p_r``; after ``k`` acceptances emit ``argmax p_{k+1} / E``.
+
+Kernel: one program per ``BLOCK_B`` sequences (``BLOCK_B = 1`` for real vocabularies),
+grid ``(cdiv(B, BLOCK_B),)``. The program walks positions ``j = 0..k_b``; each visited row
+gets one vocabulary sweep in chunks of ``BLOCK_V`` (``_rows_entropy_argmax``) that yields
+its entropy, its argmax and, on the bonus row only (where ``E_b`` is read), the
+exponential-race draw. A sequence stops at its first rejection, so it reads ``r_b + 1``
+target rows and at most one noise row. Stores: accepted drafts, the emitted token,
+``-1`` padding and the accepted counts; no host synchronisation.
+
+The entropy is a float32 sum in chunk order, so it can differ from torch's in the last
+bits; a draft whose probability sits within that rounding of its threshold could be
+decided differently by kernel and reference (no test input comes close).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .rejection_sampler_triton import _launch_config
+
+
+@triton.jit
+def _rows_entropy_argmax(p_ptrs, e_ptrs, live, bonus, vocab_size, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Per live row: (entropy, argmax p, argmax p / E). E is only read on ``bonus`` rows."""
+    entropy = tl.zeros([BLOCK_B], tl.float32)
+    best = tl.full([BLOCK_B], -float("inf"), tl.float32)
+    best_idx = tl.zeros([BLOCK_B], tl.int32)
+    race = tl.full([BLOCK_B], -1.0, tl.float32)
+    race_idx = tl.zeros([BLOCK_B], tl.int32)
+    for start in range(0, vocab_size, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        in_vocab = (offs < vocab_size)[None, :]
+        m = live[:, None] & in_vocab
+        p = tl.load(p_ptrs[:, None] + offs[None, :], mask=m, other=0.0).to(tl.float32)
+        e = tl.load(e_ptrs[:, None] + offs[None, :], mask=(live & bonus)[:, None] & in_vocab, other=1.0)
+        entropy -= tl.sum(tl.where(p > 0.0, p * tl.log(tl.where(p > 0.0, p, 1.0)), 0.0), axis=1)
+        vals = tl.where(m, p, -float("inf"))
+        c_max = tl.max(vals, axis=1)
+        c_idx = start + tl.argmax(vals, axis=1, tie_break_left=True)
+        better = c_max > best
+        best = tl.where(better, c_max, best)
+        best_idx = tl.where(better, c_idx, best_idx)
+        w = tl.where(m, tl.math.div_rn(p, e), -1.0)
+        c_max = tl.max(w, axis=1)
+        c_idx = start + tl.argmax(w, axis=1, tie_break_left=True)
+        better = c_max > race
+        race = tl.where(better, c_max, race)
+        race_idx = tl.where(better, c_idx, race_idx)
+    return entropy, best_idx, race_idx
+
+
+@triton.jit
+def _typical_accept_kernel(
+    out_ptr, num_accepted_ptr, cu_num_draft_ptr, draft_ids_ptr, target_probs_ptr, exp_ptr,
+    batch_size, vocab_size, max_spec_len,
+    posterior_threshold, posterior_alpha,
+    stride_out, stride_p, stride_e,
+    BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    in_batch = b < batch_size
+    end = tl.load(cu_num_draft_ptr + b, mask=in_batch, other=0).to(tl.int64)
+    start = tl.load(cu_num_draft_ptr + b - 1, mask=in_batch & (b > 0), other=0).to(tl.int64)
+    count = end - start
+    target_start = start + b
+    out_rows = out_ptr + b.to(tl.int64) * stride_out
+    e_rows = exp_ptr + b.to(tl.int64) * stride_e
+
+    alive = in_batch
+    num_acc = tl.zeros([BLOCK_B], tl.int64)
+    emitted = tl.zeros([BLOCK_B], tl.int32)
+    for j in range(0, max_spec_len + 1):
+        live = alive & (j <= count)
+        if tl.max(live.to(tl.int32), axis=0) > 0:
+            has_draft = live & (j < count)
+            row = target_probs_ptr + (target_start + j) * stride_p
+            entropy, am, sampled = _rows_entropy_argmax(row, e_rows, live, j == count, vocab_size, BLOCK_B, BLOCK_V)
+            d = tl.load(draft_ids_ptr + start + j, mask=has_draft, other=0).to(tl.int64)
+            p_d = tl.load(row + d, mask=has_draft, other=0.0).to(tl.float32)
+            threshold = tl.minimum(posterior_alpha * tl.exp(-entropy), posterior_threshold)
+            accept = has_draft & (p_d > threshold)
+            tl.store(out_rows + j, d, mask=accept)
+            num_acc += accept.to(tl.int64)
+            emitted = tl.where(live & ~accept, tl.where(has_draft, am, sampled), emitted)
+            alive = accept
+
+    tl.store(out_rows + num_acc, emitted.to(tl.int64), mask=in_batch)
+    k = tl.arange(0, BLOCK_K)
+    pad = in_batch[:, None] & (k[None, :] > num_acc[:, None]) & (k[None, :] <= max_spec_len)
+    tl.store(out_rows[:, None] + k[None, :], tl.full([BLOCK_B, BLOCK_K], -1, tl.int64), mask=pad)
+    tl.store(num_accepted_ptr + b, num_acc, mask=in_batch)
+
+
+def typical_accept_triton(
+    draft_token_ids: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    target_probs: torch.Tensor,
+    max_spec_len: int,
+    posterior_threshold: float,
+    posterior_alpha: float,
+    exponential_samples: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton twin of ``typical_accept_reference`` (same arguments, same outputs)."""
+    B = cu_num_draft_tokens.shape[0]
+    V = target_probs.shape[-1]
+    K = int(max_spec_len)
+    device = target_probs.device
+    out = torch.empty(B, K + 1, dtype=torch.int64, device=device)
+    num_accepted = torch.empty(B, dtype=torch.int64, device=device)
+    if B == 0:
+        return out, num_accepted
+    target_probs = target_probs.contiguous()
+    exponential_samples = exponential_samples.to(torch.float32).contiguous()
+    draft_token_ids = draft_token_ids.contiguous()
+    if draft_token_ids.numel() == 0:  # keep the pointer valid; never read
+        draft_token_ids = torch.zeros(1, dtype=torch.int64, device=device)
+    block_b, block_v, num_warps = _launch_config(V)
+    _typical_accept_kernel[(triton.cdiv(B, block_b),)](
+        out, num_accepted, cu_num_draft_tokens.contiguous(), draft_token_ids, target_probs, exponential_samples,
+        B, V, K, float(posterior_threshold), float(posterior_alpha),
+        out.stride(0), target_probs.stride(0), exponential_samples.stride(0),
+        BLOCK_B=block_b, BLOCK_V=block_v, BLOCK_K=triton.next_power_of_2(K + 1),
+        num_warps=num_warps,
+    )
+    return out, num_accepted
