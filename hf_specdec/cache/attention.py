@@ -1,20 +1,27 @@
 """The paged attention function, registered with transformers' ``AttentionInterface``.
 
-A model switched to ``ATTN_NAME`` is called with ``use_cache=False``, its packed tokens
-as a batch of one, per-token ``position_ids`` and a ``PagedBatch`` under the forward
-keyword ``PAGED_BATCH_KWARG``; transformers hands that keyword to every attention layer.
-The function writes the layer's new, already rotated K/V into their slots and attends
-each query to its own sequence's cached keys (causal, sliding window, soft-capping and
-scaling as the layer passes them). transformers builds no mask for a name it has no
-mask function for, so a paged forward costs no mask construction.
+``paged_forward`` calls a model with ``use_cache=False``, its packed tokens as a batch
+of one, per-token ``position_ids`` and a ``PagedBatch`` under the forward keyword
+``PAGED_BATCH_KWARG``; transformers hands that keyword to every attention layer. For
+the duration of that call only, the model's configs name ``ATTN_NAME`` as their
+attention implementation. The function writes the layer's new, already rotated K/V
+into their slots and attends each query to its own sequence's cached keys (causal,
+sliding window, soft-capping and scaling as the layer passes them). transformers
+builds no mask for a name it has no mask function for, so a paged forward costs no
+mask construction (and no host synchronisation for packed-sequence detection).
 
-A call without a ``PagedBatch`` (an ordinary forward while the switch is on) goes to
-the model's original implementation. ``paged_attention_enabled`` restores the user's
-setting on exit.
+The switch is per forward, not per ``paged_attention_enabled`` block, because an
+ordinary forward under ``ATTN_NAME`` would get no attention mask at all: padding, a
+DynamicCache's offset and sliding windows would be silently lost. So ordinary calls
+made while generation runs (inside ``paged_attention_enabled``) use the user's own
+implementation and masks, unchanged. A call that reaches the function without a
+``PagedBatch`` is delegated to the original implementation.
 """
 from __future__ import annotations
 
 import contextlib
+import sys
+import weakref
 from typing import Iterator
 
 import torch
@@ -34,12 +41,21 @@ _UNSUPPORTED_KWARGS = ("s_aux", "sinks", "attention_chunk_size", "cu_seq_lens_q"
 _original_impl: dict[int, str] = {}  # id(config) -> implementation to delegate to
 
 
+def _delegate(module):
+    """The attention function of the module's original implementation (its own eager one for "eager")."""
+    original = _original_impl.get(id(module.config), "sdpa")
+    if original == "eager":
+        eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+        return eager if eager is not None else sdpa_attention_forward
+    if original == ATTN_NAME or original not in ALL_ATTENTION_FUNCTIONS:
+        return sdpa_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[original]
+
+
 def paged_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     batch = kwargs.pop(PAGED_BATCH_KWARG, None)
     if batch is None:
-        original = _original_impl.get(id(module.config), "sdpa")
-        fn = sdpa_attention_forward if original == "eager" else ALL_ATTENTION_FUNCTIONS[original]
-        return fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        return _delegate(module)(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     for name in _UNSUPPORTED_KWARGS:
         if kwargs.get(name) is not None:
             raise NotImplementedError(
@@ -77,34 +93,68 @@ def check_paged_support(model: PreTrainedModel) -> None:
         )
 
 
+def _attn_configs(model: PreTrainedModel) -> list:
+    """The distinct config objects whose ``_attn_implementation`` the model's modules read."""
+    configs = _configs_of.get(model)
+    if configs is None:
+        seen: dict[int, object] = {id(model.config): model.config}
+        for module in model.modules():
+            config = getattr(module, "config", None)
+            if config is not None and hasattr(config, "_attn_implementation_internal"):
+                seen.setdefault(id(config), config)
+        _configs_of[model] = configs = list(seen.values())
+    return configs
+
+
+_configs_of: "weakref.WeakKeyDictionary[PreTrainedModel, list]" = weakref.WeakKeyDictionary()
+
+
 @contextlib.contextmanager
-def paged_attention_enabled(*models: PreTrainedModel) -> Iterator[None]:
-    """Switch ``models`` to the paged attention function; restore their own setting on exit."""
-    saved = []
+def _paged_implementation(model: PreTrainedModel) -> Iterator[None]:
+    """Name ``ATTN_NAME`` as the model's attention implementation for one forward (plain attribute writes)."""
+    configs = _attn_configs(model)
+    saved = [c._attn_implementation_internal for c in configs]
     try:
-        for model in models:
-            check_paged_support(model)
-            original = model.config._attn_implementation
-            _original_impl[id(model.config)] = original
-            saved.append((model, original))
+        for config, original in zip(configs, saved):
             if original != ATTN_NAME:
-                model.set_attn_implementation(ATTN_NAME)
+                _original_impl[id(config)] = original
+            config._attn_implementation_internal = ATTN_NAME
         yield
     finally:
-        for model, original in reversed(saved):
+        for config, original in zip(configs, saved):
+            config._attn_implementation_internal = original
             if original != ATTN_NAME:
-                model.set_attn_implementation(original)
-            _original_impl.pop(id(model.config), None)
+                _original_impl.pop(id(config), None)
+
+
+@contextlib.contextmanager
+def paged_attention_enabled(*models: PreTrainedModel) -> Iterator[None]:
+    """Check that ``models`` can run on the paged cache; ``paged_forward`` may then be called on them.
+
+    Raises before anything changes if one of them cannot (see ``check_paged_support``).
+    The user's attention implementation stays in force for every other call, and is what
+    the models have after the block, also when it exits with an exception.
+    """
+    for model in models:
+        check_paged_support(model)
+    saved = [(model, [(c, c._attn_implementation_internal) for c in _attn_configs(model)]) for model in models]
+    try:
+        yield
+    finally:
+        for _, configs in saved:
+            for config, original in configs:
+                config._attn_implementation_internal = original
 
 
 def paged_forward(model: PreTrainedModel, input_ids: torch.Tensor, batch, logits_rows: torch.Tensor) -> torch.Tensor:
     """One packed forward over ``input_ids`` ``(T,)``; returns fp32 logits of the rows ``logits_rows``."""
     device = model.get_input_embeddings().weight.device
-    out = model(
-        input_ids=input_ids[None].to(device),
-        position_ids=batch.positions[None].to(device),
-        use_cache=False,
-        logits_to_keep=logits_rows.to(device),
-        **{PAGED_BATCH_KWARG: batch},
-    )
+    with _paged_implementation(model):
+        out = model(
+            input_ids=input_ids[None].to(device),
+            position_ids=batch.positions[None].to(device),
+            use_cache=False,
+            logits_to_keep=logits_rows.to(device),
+            **{PAGED_BATCH_KWARG: batch},
+        )
     return out.logits[0].float().to(input_ids.device)
