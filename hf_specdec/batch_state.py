@@ -36,7 +36,7 @@ class SequenceBatch:
         self.pads = pads
         self.max_new_tokens = max_new_tokens
         self.k = k
-        self.tokens = torch.empty(B, P + max_new_tokens + k + 2, dtype=torch.long, device=device)
+        self.tokens = torch.zeros(B, P + max_new_tokens + k + 2, dtype=torch.long, device=device)
         self.tokens[:, :P] = input_ids
         self.gen_len = [0] * B
         self.finished = [False] * B

@@ -5,7 +5,8 @@ Plain generate calls the processor list once per step with the batch's left-padd
 the sequences have generated different numbers of tokens, so row ``(b, j)`` must be
 processed with exactly the ``input_ids`` plain generate would have had there: the
 sequence's padded prompt, its generated tokens and its first ``j`` drafts. Rows are
-grouped by that history length and each group goes through the list once.
+grouped by that history length and each group goes through the list once, laid out as
+the whole batch because processors may keep per-row state.
 
 Processors that never read ``input_ids`` (temperature, top-k, top-p, min-p, typical,
 epsilon, eta) take all rows in one call.
@@ -47,9 +48,13 @@ class LogitsPipeline:
         groups: dict[int, list[int]] = defaultdict(list)
         for i, length in enumerate(history_lens):
             groups[length].append(i)
+        # Processors may hold per-batch-row state (e.g. repetition penalty's prompt_ignore_length), so each
+        # group is processed as the whole batch, its rows in their own places; other rows are discarded.
         out = torch.empty_like(scores)
         for length, members in groups.items():
             index = torch.tensor(members, device=scores.device)
-            buffer_rows = torch.tensor([rows[i] for i in members], device=tokens.device)
-            out[index] = self.processors(tokens[buffer_rows, :length], scores[index])
+            batch_rows = torch.tensor([rows[i] for i in members], device=scores.device)
+            full = scores.new_zeros(tokens.shape[0], scores.shape[1])
+            full[batch_rows] = scores[index]
+            out[index] = self.processors(tokens[:, :length], full)[batch_rows]
         return out
