@@ -23,9 +23,10 @@ row of a ``(BLOCK_B, BLOCK_V)`` tile. Every step below is vectorised over those 
 1. Acceptance walk. Random: ``k_b`` scalar gathers ``p_j(x_j)``, ``q_j(x_j)``, ``u_j``;
    greedy: one vocabulary sweep per visited row (``_rows_argmax``) until the first mismatch.
 2. One vocabulary sweep over row ``r`` (``_rows_exponential_race``): ``p_r``, ``q_r`` (only read
-   when the run was rejected) and ``E_b`` in chunks of ``BLOCK_V``, carrying the running
-   max/argmax of ``residual / E`` and of ``p / E`` (the fallback) and the residual's max.
-   Large vocabularies (128k) are just more chunks.
+   when the run was rejected) and ``E_b`` in chunks of ``BLOCK_V``, carrying lane-wise
+   running max/argmax of ``residual / E`` and of ``p / E`` (the fallback) and the
+   residual's max, reduced across lanes once after the loop (the smallest token id among
+   the maxima, as ``torch.argmax``). Large vocabularies (128k) are just more chunks.
 3. Stores: accepted drafts, the emitted token at position ``r``, ``-1`` after it, and
    the accepted count. No host synchronisation; the output is ``torch.empty``.
 
@@ -45,20 +46,29 @@ PLACEHOLDER_TOKEN_ID = -1
 
 
 @triton.jit
+def _first_argmax(best_val, best_idx):
+    """Finish a lane-wise running argmax ``(BLOCK_B, BLOCK_V)``: the smallest token id holding the row max."""
+    row_max = tl.max(best_val, axis=1)
+    return tl.min(tl.where(best_val == row_max[:, None], best_idx, 2147483647), axis=1)
+
+
+@triton.jit
 def _rows_argmax(row_ptrs, live, vocab_size, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr):
-    """argmax over the vocabulary of each live row (``row_ptrs`` (BLOCK_B,)); first index on ties."""
-    best_val = tl.full([BLOCK_B], -float("inf"), tl.float32)
-    best_idx = tl.zeros([BLOCK_B], tl.int32)
+    """argmax over the vocabulary of each live row (``row_ptrs`` (BLOCK_B,)); first index on ties.
+
+    Each lane keeps its own running (max, index) across chunks (strict ``>``: the earlier
+    chunk wins a tie) and the lanes are reduced once at the end, so the loop body is
+    loads and selects only."""
+    best_val = tl.full([BLOCK_B, BLOCK_V], -float("inf"), tl.float32)
+    best_idx = tl.zeros([BLOCK_B, BLOCK_V], tl.int32)
     for start in range(0, vocab_size, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        m = live[:, None] & (offs < vocab_size)[None, :]
-        vals = tl.load(row_ptrs[:, None] + offs[None, :], mask=m, other=-float("inf")).to(tl.float32)
-        chunk_max = tl.max(vals, axis=1)
-        chunk_idx = start + tl.argmax(vals, axis=1, tie_break_left=True)
-        better = chunk_max > best_val
-        best_val = tl.where(better, chunk_max, best_val)
-        best_idx = tl.where(better, chunk_idx, best_idx)
-    return best_idx
+        offs = (start + tl.arange(0, BLOCK_V))[None, :]
+        m = live[:, None] & (offs < vocab_size)
+        vals = tl.load(row_ptrs[:, None] + offs, mask=m, other=-float("inf")).to(tl.float32)
+        better = vals > best_val
+        best_val = tl.where(better, vals, best_val)
+        best_idx = tl.where(better, offs, best_idx)
+    return _first_argmax(best_val, best_idx)
 
 
 @triton.jit
@@ -66,40 +76,36 @@ def _rows_exponential_race(p_ptrs, q_ptrs, e_ptrs, live, use_residual, onehot_to
                            HAS_Q: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr):
     """Per live row: argmax of ``max(p - q, 0) / E`` where ``use_residual`` (``p / E`` if that
     residual is all zero), else argmax of ``p / E``. Without ``HAS_Q``, ``q`` is one-hot at
-    ``onehot_token``. ``q`` is only read on rows that use the residual."""
-    res_best = tl.full([BLOCK_B], -1.0, tl.float32)
-    res_idx = tl.zeros([BLOCK_B], tl.int32)
-    p_best = tl.full([BLOCK_B], -1.0, tl.float32)
-    p_idx = tl.zeros([BLOCK_B], tl.int32)
-    res_max = tl.zeros([BLOCK_B], tl.float32)
+    ``onehot_token``. ``q`` is only read on rows that use the residual. Lane-wise running
+    argmaxes as in ``_rows_argmax``."""
+    res_best = tl.full([BLOCK_B, BLOCK_V], -1.0, tl.float32)
+    res_idx = tl.zeros([BLOCK_B, BLOCK_V], tl.int32)
+    p_best = tl.full([BLOCK_B, BLOCK_V], -1.0, tl.float32)
+    p_idx = tl.zeros([BLOCK_B, BLOCK_V], tl.int32)
+    res_max = tl.zeros([BLOCK_B, BLOCK_V], tl.float32)
     q_live = live & use_residual
     for start in range(0, vocab_size, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        in_vocab = (offs < vocab_size)[None, :]
+        offs = (start + tl.arange(0, BLOCK_V))[None, :]
+        in_vocab = offs < vocab_size
         m = live[:, None] & in_vocab
-        p = tl.load(p_ptrs[:, None] + offs[None, :], mask=m, other=0.0).to(tl.float32)
-        e = tl.load(e_ptrs[:, None] + offs[None, :], mask=m, other=1.0)
+        p = tl.load(p_ptrs[:, None] + offs, mask=m, other=0.0).to(tl.float32)
+        e = tl.load(e_ptrs[:, None] + offs, mask=m, other=1.0)
         if HAS_Q:
-            q = tl.load(q_ptrs[:, None] + offs[None, :], mask=q_live[:, None] & in_vocab, other=0.0).to(tl.float32)
+            q = tl.load(q_ptrs[:, None] + offs, mask=q_live[:, None] & in_vocab, other=0.0).to(tl.float32)
         else:
-            q = tl.where(offs[None, :] == onehot_token[:, None], 1.0, 0.0)
+            q = tl.where(offs == onehot_token[:, None], 1.0, 0.0)
         res = tl.maximum(p - q, 0.0)
-        res_max = tl.maximum(res_max, tl.max(tl.where(m, res, 0.0), axis=1))
-        # residual race
-        w = tl.where(m, tl.math.div_rn(res, e), -1.0)
-        w_max = tl.max(w, axis=1)
-        w_idx = start + tl.argmax(w, axis=1, tie_break_left=True)
-        better = w_max > res_best
-        res_best = tl.where(better, w_max, res_best)
-        res_idx = tl.where(better, w_idx, res_idx)
-        # target race (bonus token, or the fallback of an all-zero residual)
-        w = tl.where(m, tl.math.div_rn(p, e), -1.0)
-        w_max = tl.max(w, axis=1)
-        w_idx = start + tl.argmax(w, axis=1, tie_break_left=True)
-        better = w_max > p_best
-        p_best = tl.where(better, w_max, p_best)
-        p_idx = tl.where(better, w_idx, p_idx)
-    return tl.where(use_residual & (res_max > 0.0), res_idx, p_idx)
+        res_max = tl.maximum(res_max, res)
+        w = tl.where(m, tl.math.div_rn(res, e), -1.0)  # residual race
+        better = w > res_best
+        res_best = tl.where(better, w, res_best)
+        res_idx = tl.where(better, offs, res_idx)
+        w = tl.where(m, tl.math.div_rn(p, e), -1.0)  # target race: bonus token, or the all-zero-residual fallback
+        better = w > p_best
+        p_best = tl.where(better, w, p_best)
+        p_idx = tl.where(better, offs, p_idx)
+    residual_ok = tl.max(res_max, axis=1) > 0.0
+    return tl.where(use_residual & residual_ok, _first_argmax(res_best, res_idx), _first_argmax(p_best, p_idx))
 
 
 @triton.jit

@@ -12,7 +12,7 @@ exponential-race draw. A sequence stops at its first rejection, so it reads ``r_
 target rows and at most one noise row. Stores: accepted drafts, the emitted token,
 ``-1`` padding and the accepted counts; no host synchronisation.
 
-The entropy is a float32 sum in chunk order, so it can differ from torch's in the last
+The entropy is a float32 sum in lane-then-tree order, so it can differ from torch's in the last
 bits; a draft whose probability sits within that rounding of its threshold could be
 decided differently by kernel and reference (no test input comes close).
 """
@@ -22,37 +22,34 @@ import torch
 import triton
 import triton.language as tl
 
-from .rejection_sampler_triton import _launch_config
+from .rejection_sampler_triton import _first_argmax, _launch_config
 
 
 @triton.jit
 def _rows_entropy_argmax(p_ptrs, e_ptrs, live, bonus, vocab_size, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Per live row: (entropy, argmax p, argmax p / E). E is only read on ``bonus`` rows."""
-    entropy = tl.zeros([BLOCK_B], tl.float32)
-    best = tl.full([BLOCK_B], -float("inf"), tl.float32)
-    best_idx = tl.zeros([BLOCK_B], tl.int32)
-    race = tl.full([BLOCK_B], -1.0, tl.float32)
-    race_idx = tl.zeros([BLOCK_B], tl.int32)
+    """Per live row: (entropy, argmax p, argmax p / E). E is only read on ``bonus`` rows.
+    Lane-wise running sums and argmaxes, reduced across lanes after the loop."""
+    plogp = tl.zeros([BLOCK_B, BLOCK_V], tl.float32)
+    best = tl.full([BLOCK_B, BLOCK_V], -float("inf"), tl.float32)
+    best_idx = tl.zeros([BLOCK_B, BLOCK_V], tl.int32)
+    race = tl.full([BLOCK_B, BLOCK_V], -1.0, tl.float32)
+    race_idx = tl.zeros([BLOCK_B, BLOCK_V], tl.int32)
     for start in range(0, vocab_size, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        in_vocab = (offs < vocab_size)[None, :]
+        offs = (start + tl.arange(0, BLOCK_V))[None, :]
+        in_vocab = offs < vocab_size
         m = live[:, None] & in_vocab
-        p = tl.load(p_ptrs[:, None] + offs[None, :], mask=m, other=0.0).to(tl.float32)
-        e = tl.load(e_ptrs[:, None] + offs[None, :], mask=(live & bonus)[:, None] & in_vocab, other=1.0)
-        entropy -= tl.sum(tl.where(p > 0.0, p * tl.log(tl.where(p > 0.0, p, 1.0)), 0.0), axis=1)
+        p = tl.load(p_ptrs[:, None] + offs, mask=m, other=0.0).to(tl.float32)
+        e = tl.load(e_ptrs[:, None] + offs, mask=(live & bonus)[:, None] & in_vocab, other=1.0)
+        plogp += tl.where(p > 0.0, p * tl.log(tl.where(p > 0.0, p, 1.0)), 0.0)
         vals = tl.where(m, p, -float("inf"))
-        c_max = tl.max(vals, axis=1)
-        c_idx = start + tl.argmax(vals, axis=1, tie_break_left=True)
-        better = c_max > best
-        best = tl.where(better, c_max, best)
-        best_idx = tl.where(better, c_idx, best_idx)
+        better = vals > best
+        best = tl.where(better, vals, best)
+        best_idx = tl.where(better, offs, best_idx)
         w = tl.where(m, tl.math.div_rn(p, e), -1.0)
-        c_max = tl.max(w, axis=1)
-        c_idx = start + tl.argmax(w, axis=1, tie_break_left=True)
-        better = c_max > race
-        race = tl.where(better, c_max, race)
-        race_idx = tl.where(better, c_idx, race_idx)
-    return entropy, best_idx, race_idx
+        better = w > race
+        race = tl.where(better, w, race)
+        race_idx = tl.where(better, offs, race_idx)
+    return -tl.sum(plogp, axis=1), _first_argmax(best, best_idx), _first_argmax(race, race_idx)
 
 
 @triton.jit
