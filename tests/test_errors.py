@@ -1,0 +1,77 @@
+"""Bad requests fail with errors that name the problem and the fix; nothing partial is returned."""
+import pytest
+import torch
+
+import hf_specdec
+from models import left_padded_prompts, make_draft, make_model
+
+
+@pytest.fixture(scope="module")
+def target():
+    return hf_specdec.enable(make_model("llama", seed=0))
+
+
+def run(target, draft, **kw):
+    ids, mask = left_padded_prompts(2, seed=0)
+    kw.setdefault("spec_config", hf_specdec.SpecConfig(num_speculative_tokens=3))
+    return target.generate(input_ids=ids, attention_mask=mask, assistant_model=draft, max_new_tokens=8, **kw)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("num_speculative_tokens", 0), ("num_speculative_tokens", 2.5), ("acceptance", "maybe"),
+    ("block_size", 0), ("cache_tokens", -4), ("cache_memory_fraction", 1.5), ("posterior_alpha", 2.0),
+])
+def test_invalid_spec_config_names_the_field(field, value):
+    with pytest.raises(ValueError, match=f"SpecConfig.{field}"):
+        hf_specdec.SpecConfig(**{field: value})
+
+
+def test_incompatible_vocabulary(target):
+    with pytest.raises(ValueError, match="vocabularies differ"):
+        run(target, make_model("llama", seed=1, vocab=1000))
+
+
+def test_vocab_padding_only_is_accepted(target):
+    ids, mask = left_padded_prompts(2, seed=0)
+    padded = make_model("llama", seed=0, vocab=target.config.vocab_size + 31)
+    expected = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=8)
+    out = target.generate(input_ids=ids, attention_mask=mask, assistant_model=padded, do_sample=False, max_new_tokens=8,
+                          spec_config=hf_specdec.SpecConfig(num_speculative_tokens=3))
+    assert torch.equal(out, expected)
+
+
+def test_beam_search_refused(target):
+    with pytest.raises(ValueError, match="num_beams"):
+        run(target, make_draft(target, "full"), num_beams=2)
+
+
+def test_missing_draft(target):
+    with pytest.raises(ValueError, match="assistant_model"):
+        run(target, None)
+
+
+def test_exhausted_cache_budget(target):
+    with pytest.raises(hf_specdec.CacheBudgetError, match="cache_tokens"):
+        run(target, make_draft(target, "full"), spec_config=hf_specdec.SpecConfig(cache_tokens=16, block_size=4))
+
+
+def test_prompt_beyond_max_positions(target):
+    ids = torch.randint(3, 90, (1, 250))
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        target.generate(input_ids=ids, assistant_model=make_draft(target, "full"), max_new_tokens=20,
+                        spec_config=hf_specdec.SpecConfig())
+
+
+def test_right_padding_refused(target):
+    ids = torch.randint(3, 90, (2, 6))
+    mask = torch.tensor([[1] * 6, [1, 1, 1, 1, 0, 0]])
+    with pytest.raises(ValueError, match="left"):
+        target.generate(input_ids=ids, attention_mask=mask, assistant_model=make_draft(target, "full"),
+                        max_new_tokens=4, spec_config=hf_specdec.SpecConfig())
+
+
+def test_attention_restored_after_error(target):
+    before = target.config._attn_implementation
+    with pytest.raises(hf_specdec.CacheBudgetError):
+        run(target, make_draft(target, "full"), spec_config=hf_specdec.SpecConfig(cache_tokens=16, block_size=4))
+    assert target.config._attn_implementation == before
