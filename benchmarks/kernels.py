@@ -259,7 +259,7 @@ def main():
     os.makedirs(os.path.dirname(out_path), exist_ok=True)
 
     def emit():  # print the newest row, rewrite the JSON (a run cut short keeps what it measured)
-        emit()
+        print(_fmt(rows[-1]), flush=True)
         with open(out_path, "w") as f:
             json.dump(report, f, indent=1)
 
