@@ -234,11 +234,45 @@ def check_correctness(gen) -> list[str]:
     return failures
 
 
+def sweep_launch_configs(gen, bw) -> list[dict]:
+    """Time the samplers at the headline shapes over (BLOCK_V, num_warps) launch configurations."""
+    import hf_specdec.kernels.rejection_sampler_triton as rs
+
+    out = []
+    K, V = 8, 128256
+    for B, mode in [(256, "greedy"), (256, "random"), (32, "random"), (256, "typical")]:
+        data = sampling_inputs(B, K, V, "random" if mode == "random" else "greedy", gen)
+        draft, cu, dp, target, greedy, u, e = data
+        if mode == "typical":
+            fn = lambda: typical_accept_triton(draft, cu, target, K, 0.09, 0.3, e)  # noqa: E731
+            ref = typical_accept_reference(draft, cu, target, K, 0.09, 0.3, e)
+        else:
+            args = (draft, cu, dp if mode == "random" else None, target, greedy, K, u, e)
+            fn = lambda: rejection_sample_triton(*args)  # noqa: E731
+            ref = rejection_sample_reference(*args)
+        line = []
+        for block_v in (2048, 4096, 8192, 16384):
+            for num_warps in (4, 8, 16):
+                rs.LAUNCH_OVERRIDE.clear()
+                rs.LAUNCH_OVERRIDE.update(block_v=block_v, num_warps=num_warps)
+                got = fn()
+                ok = torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+                us = bench(fn) * 1e3
+                out.append(dict(mode=mode, B=B, k=K, V=V, block_v=block_v, num_warps=num_warps, ok=ok, us=us))
+                line.append(f"{block_v}/{num_warps}:{us:.0f}{'' if ok else '!'}")
+        rs.LAUNCH_OVERRIDE.clear()
+        print(f"sweep {mode:<8} B={B:<4}", " ".join(line), flush=True)
+        del data, draft, cu, dp, target, greedy, u, e
+        torch.cuda.empty_cache()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="kernels.json")
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="also sweep the samplers' launch configurations")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     gen = torch.Generator(device=DEV).manual_seed(0)
@@ -253,6 +287,8 @@ def main():
     report["copy_bandwidth_GBps"] = bw / 1e9
     print(f"{report['device']}: device-to-device copy {bw / 1e9:.0f} GB/s (read + write)", flush=True)
 
+    if args.sweep:
+        report["sweep"] = sweep_launch_configs(gen, bw)
     rows: list[dict] = []
     report["rows"] = rows
     out_path = os.path.abspath(args.out)

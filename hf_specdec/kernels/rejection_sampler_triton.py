@@ -23,10 +23,12 @@ row of a ``(BLOCK_B, BLOCK_V)`` tile. Every step below is vectorised over those 
 1. Acceptance walk. Random: ``k_b`` scalar gathers ``p_j(x_j)``, ``q_j(x_j)``, ``u_j``;
    greedy: one vocabulary sweep per visited row (``_rows_argmax``) until the first mismatch.
 2. One vocabulary sweep over row ``r`` (``_rows_exponential_race``): ``p_r``, ``q_r`` (only read
-   when the run was rejected) and ``E_b`` in chunks of ``BLOCK_V``, carrying lane-wise
-   running max/argmax of ``residual / E`` and of ``p / E`` (the fallback) and the
-   residual's max, reduced across lanes once after the loop (the smallest token id among
-   the maxima, as ``torch.argmax``). Large vocabularies (128k) are just more chunks.
+   when the run was rejected; elsewhere ``q = 0`` makes the residual ``p`` itself, so one
+   race serves recovered and bonus tokens) and ``E_b`` in chunks of ``BLOCK_V``, carrying
+   lane-wise running max/argmax of ``residual / E`` and the residual's max, reduced
+   across lanes once after the loop (the smallest token id among the maxima, as
+   ``torch.argmax``). Large vocabularies (128k) are just more chunks. A rejected row
+   whose residual rounded to all zeros takes a second sweep on ``p``.
 3. Stores: accepted drafts, the emitted token at position ``r``, ``-1`` after it, and
    the accepted count. No host synchronisation; the output is ``torch.empty``.
 
@@ -76,14 +78,17 @@ def _rows_exponential_race(p_ptrs, q_ptrs, e_ptrs, live, use_residual, onehot_to
                            HAS_Q: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr):
     """Per live row: argmax of ``max(p - q, 0) / E`` where ``use_residual`` (``p / E`` if that
     residual is all zero), else argmax of ``p / E``. Without ``HAS_Q``, ``q`` is one-hot at
-    ``onehot_token``. ``q`` is only read on rows that use the residual. Lane-wise running
-    argmaxes as in ``_rows_argmax``."""
-    res_best = tl.full([BLOCK_B, BLOCK_V], -1.0, tl.float32)
-    res_idx = tl.zeros([BLOCK_B, BLOCK_V], tl.int32)
-    p_best = tl.full([BLOCK_B, BLOCK_V], -1.0, tl.float32)
-    p_idx = tl.zeros([BLOCK_B, BLOCK_V], tl.int32)
+    ``onehot_token``.
+
+    One race serves both cases: ``q`` is only read (and the one-hot only placed) on rows
+    that use the residual, elsewhere ``q = 0`` and ``max(p - 0, 0) = p`` exactly. The
+    all-zero residual (rounding) is detected from a running max and redone on ``p`` in a
+    second sweep that only such rows take. Lane-wise running argmaxes as in ``_rows_argmax``."""
+    best = tl.full([BLOCK_B, BLOCK_V], -1.0, tl.float32)
+    best_idx = tl.zeros([BLOCK_B, BLOCK_V], tl.int32)
     res_max = tl.zeros([BLOCK_B, BLOCK_V], tl.float32)
     q_live = live & use_residual
+    onehot = tl.where(q_live, onehot_token, -1)
     for start in range(0, vocab_size, BLOCK_V):
         offs = (start + tl.arange(0, BLOCK_V))[None, :]
         in_vocab = offs < vocab_size
@@ -93,19 +98,29 @@ def _rows_exponential_race(p_ptrs, q_ptrs, e_ptrs, live, use_residual, onehot_to
         if HAS_Q:
             q = tl.load(q_ptrs[:, None] + offs, mask=q_live[:, None] & in_vocab, other=0.0).to(tl.float32)
         else:
-            q = tl.where(offs == onehot_token[:, None], 1.0, 0.0)
+            q = tl.where(offs == onehot[:, None], 1.0, 0.0)
         res = tl.maximum(p - q, 0.0)
         res_max = tl.maximum(res_max, res)
-        w = tl.where(m, tl.math.div_rn(res, e), -1.0)  # residual race
-        better = w > res_best
-        res_best = tl.where(better, w, res_best)
-        res_idx = tl.where(better, offs, res_idx)
-        w = tl.where(m, tl.math.div_rn(p, e), -1.0)  # target race: bonus token, or the all-zero-residual fallback
-        better = w > p_best
-        p_best = tl.where(better, w, p_best)
-        p_idx = tl.where(better, offs, p_idx)
-    residual_ok = tl.max(res_max, axis=1) > 0.0
-    return tl.where(use_residual & residual_ok, _first_argmax(res_best, res_idx), _first_argmax(p_best, p_idx))
+        w = tl.math.div_rn(res, e)  # out-of-vocab lanes give 0 at an index above every real token
+        better = w > best
+        best = tl.where(better, w, best)
+        best_idx = tl.where(better, offs, best_idx)
+    token = _first_argmax(best, best_idx)
+    redo = q_live & (tl.max(res_max, axis=1) <= 0.0)
+    if tl.max(redo.to(tl.int32), axis=0) > 0:  # all-zero residual: draw from p instead
+        best = tl.full([BLOCK_B, BLOCK_V], -1.0, tl.float32)
+        best_idx = tl.zeros([BLOCK_B, BLOCK_V], tl.int32)
+        for start in range(0, vocab_size, BLOCK_V):
+            offs = (start + tl.arange(0, BLOCK_V))[None, :]
+            m = redo[:, None] & (offs < vocab_size)
+            p = tl.load(p_ptrs[:, None] + offs, mask=m, other=0.0).to(tl.float32)
+            e = tl.load(e_ptrs[:, None] + offs, mask=m, other=1.0)
+            w = tl.math.div_rn(p, e)
+            better = w > best
+            best = tl.where(better, w, best)
+            best_idx = tl.where(better, offs, best_idx)
+        token = tl.where(redo, _first_argmax(best, best_idx), token)
+    return token
 
 
 @triton.jit
@@ -188,11 +203,15 @@ def _rejection_sample_kernel(
     tl.store(num_accepted_ptr + b, num_acc, mask=in_batch)
 
 
+# Tuning knobs for benchmarks/kernels.py's sweep: {"block_v": int, "num_warps": int}.
+LAUNCH_OVERRIDE: dict = {}
+
+
 def _launch_config(vocab_size: int) -> tuple[int, int, int]:
     """(BLOCK_B, BLOCK_V, num_warps): a 4096-element tile, whole rows per lane group for tiny vocabularies."""
-    block_v = min(triton.next_power_of_2(max(vocab_size, 16)), 4096)
+    block_v = min(triton.next_power_of_2(max(vocab_size, 16)), LAUNCH_OVERRIDE.get("block_v", 4096))
     block_b = max(1, min(64, 1024 // block_v))
-    num_warps = 8 if block_v >= 4096 else 4
+    num_warps = LAUNCH_OVERRIDE.get("num_warps", 8 if block_v >= 4096 else 4)
     return block_b, block_v, num_warps
 
 

@@ -5,14 +5,17 @@ Math (see the reference): accept ``x_j`` while
 rejection emit ``argmax p_r``; after ``k`` acceptances emit ``argmax p_{k+1} / E``.
 
 Kernel: one program per ``BLOCK_B`` sequences (``BLOCK_B = 1`` for real vocabularies),
-grid ``(cdiv(B, BLOCK_B),)``. The program walks positions ``j = 0..k_b``; each visited row
-gets one vocabulary sweep in chunks of ``BLOCK_V`` (``_rows_entropy_argmax``) that yields
-its entropy, its argmax and, on the bonus row only (where ``E_b`` is read), the
-exponential-race draw. A sequence stops at its first rejection, so it reads ``r_b + 1``
-target rows and at most one noise row. Stores: accepted drafts, the emitted token,
-``-1`` padding and the accepted counts; no host synchronisation.
+grid ``(cdiv(B, BLOCK_B),)``. The program walks drafts ``j = 0..k_b-1``; each visited row
+gets one vocabulary sweep in chunks of ``BLOCK_V`` (``_rows_entropy_argmax``: entropy as
+``ln 2 * sum p log2 p`` and argmax, lane-wise, reduced once per row). A sequence stops at
+its first rejection; one that accepted everything then takes one exponential-race
+sweep over its bonus row and noise row (``_rows_exponential_race`` of the rejection
+sampler). So it reads ``r_b + 1`` target rows (the last one is the rejected or the bonus row) and
+at most one noise row.
+Stores: accepted drafts, the emitted token, ``-1`` padding and the accepted counts; no
+host synchronisation.
 
-The entropy is a float32 sum in lane-then-tree order, so it can differ from torch's in the last
+The entropy is a float32 sum in lane-then-tree order (and log2 rather than ln), so it can differ from torch's in the last
 bits; a draft whose probability sits within that rounding of its threshold could be
 decided differently by kernel and reference (no test input comes close).
 """
@@ -22,34 +25,26 @@ import torch
 import triton
 import triton.language as tl
 
-from .rejection_sampler_triton import _first_argmax, _launch_config
+from .rejection_sampler_triton import _first_argmax, _launch_config, _rows_exponential_race
 
 
 @triton.jit
-def _rows_entropy_argmax(p_ptrs, e_ptrs, live, bonus, vocab_size, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Per live row: (entropy, argmax p, argmax p / E). E is only read on ``bonus`` rows.
-    Lane-wise running sums and argmaxes, reduced across lanes after the loop."""
+def _rows_entropy_argmax(p_ptrs, live, vocab_size, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Per live row: (entropy in nats, argmax p). Lane-wise running sums and argmaxes,
+    reduced across lanes after the loop."""
     plogp = tl.zeros([BLOCK_B, BLOCK_V], tl.float32)
     best = tl.full([BLOCK_B, BLOCK_V], -float("inf"), tl.float32)
     best_idx = tl.zeros([BLOCK_B, BLOCK_V], tl.int32)
-    race = tl.full([BLOCK_B, BLOCK_V], -1.0, tl.float32)
-    race_idx = tl.zeros([BLOCK_B, BLOCK_V], tl.int32)
     for start in range(0, vocab_size, BLOCK_V):
         offs = (start + tl.arange(0, BLOCK_V))[None, :]
-        in_vocab = offs < vocab_size
-        m = live[:, None] & in_vocab
+        m = live[:, None] & (offs < vocab_size)
         p = tl.load(p_ptrs[:, None] + offs, mask=m, other=0.0).to(tl.float32)
-        e = tl.load(e_ptrs[:, None] + offs, mask=(live & bonus)[:, None] & in_vocab, other=1.0)
-        plogp += tl.where(p > 0.0, p * tl.log(tl.where(p > 0.0, p, 1.0)), 0.0)
+        plogp += tl.where(p > 0.0, p * tl.log2(tl.where(p > 0.0, p, 1.0)), 0.0)
         vals = tl.where(m, p, -float("inf"))
         better = vals > best
         best = tl.where(better, vals, best)
         best_idx = tl.where(better, offs, best_idx)
-        w = tl.where(m, tl.math.div_rn(p, e), -1.0)
-        better = w > race
-        race = tl.where(better, w, race)
-        race_idx = tl.where(better, offs, race_idx)
-    return -tl.sum(plogp, axis=1), _first_argmax(best, best_idx), _first_argmax(race, race_idx)
+    return -0.6931471805599453 * tl.sum(plogp, axis=1), _first_argmax(best, best_idx)
 
 
 @triton.jit
@@ -67,25 +62,33 @@ def _typical_accept_kernel(
     count = end - start
     target_start = start + b
     out_rows = out_ptr + b.to(tl.int64) * stride_out
-    e_rows = exp_ptr + b.to(tl.int64) * stride_e
 
+    # 1. Walk the drafts: one entropy + argmax sweep per visited row.
     alive = in_batch
     num_acc = tl.zeros([BLOCK_B], tl.int64)
     emitted = tl.zeros([BLOCK_B], tl.int32)
-    for j in range(0, max_spec_len + 1):
-        live = alive & (j <= count)
+    for j in range(0, max_spec_len):
+        live = alive & (j < count)
         if tl.max(live.to(tl.int32), axis=0) > 0:
-            has_draft = live & (j < count)
             row = target_probs_ptr + (target_start + j) * stride_p
-            entropy, am, sampled = _rows_entropy_argmax(row, e_rows, live, j == count, vocab_size, BLOCK_B, BLOCK_V)
-            d = tl.load(draft_ids_ptr + start + j, mask=has_draft, other=0).to(tl.int64)
-            p_d = tl.load(row + d, mask=has_draft, other=0.0).to(tl.float32)
+            entropy, am = _rows_entropy_argmax(row, live, vocab_size, BLOCK_B, BLOCK_V)
+            d = tl.load(draft_ids_ptr + start + j, mask=live, other=0).to(tl.int64)
+            p_d = tl.load(row + d, mask=live, other=0.0).to(tl.float32)
             threshold = tl.minimum(posterior_alpha * tl.exp(-entropy), posterior_threshold)
-            accept = has_draft & (p_d > threshold)
+            accept = live & (p_d > threshold)
             tl.store(out_rows + j, d, mask=accept)
             num_acc += accept.to(tl.int64)
-            emitted = tl.where(live & ~accept, tl.where(has_draft, am, sampled), emitted)
-            alive = accept
+            emitted = tl.where(live & ~accept, am, emitted)  # first rejection: the target's argmax
+            alive = alive & (accept | ~live)
+
+    # 2. All drafts accepted: the bonus token, drawn from p_{k+1} by the exponential race.
+    bonus = in_batch & (num_acc == count)
+    if tl.max(bonus.to(tl.int32), axis=0) > 0:
+        sampled = _rows_exponential_race(
+            target_probs_ptr + (target_start + count) * stride_p, target_probs_ptr,
+            exp_ptr + b.to(tl.int64) * stride_e, bonus, bonus & False, tl.full([BLOCK_B], -1, tl.int64),
+            vocab_size, False, BLOCK_B, BLOCK_V)
+        emitted = tl.where(bonus, sampled, emitted)
 
     tl.store(out_rows + num_acc, emitted.to(tl.int64), mask=in_batch)
     k = tl.arange(0, BLOCK_K)
