@@ -1,0 +1,185 @@
+"""Helpers shared by benchmarks/e2e.py and evals/run_eval.py (no `datasets` needed)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import time
+
+import torch
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+HUMANEVAL_CANDIDATES = (
+    os.path.join(REPO_ROOT, "shared", "datasets", "humaneval", "HumanEval.jsonl.gz"),
+    os.path.join(REPO_ROOT, "benchmarks", "data", "HumanEval.jsonl.gz"),
+    os.path.join(REPO_ROOT, "HumanEval.jsonl.gz"),
+    "/work/shared/datasets/humaneval/HumanEval.jsonl.gz",
+)
+
+
+def find_humaneval(path: str | None = None) -> str | None:
+    if path:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"prompts file not found: {path}")
+        return path
+    for cand in HUMANEVAL_CANDIDATES:
+        if os.path.exists(cand):
+            return cand
+    return None
+
+
+def read_jsonl(path: str, field: str = "prompt", limit: int | None = None) -> list[str]:
+    """Rows' `field` from a .jsonl or .jsonl.gz file."""
+    opener = gzip.open if path.endswith(".gz") else open
+    out = []
+    with opener(path, "rt", encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            row = json.loads(line)
+            if field not in row:
+                raise KeyError(f"{path}: row has no field {field!r} (fields: {sorted(row)})")
+            out.append(row[field])
+            if limit is not None and len(out) >= limit:
+                break
+    return out
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Timer:
+    """Wall time with a device synchronisation on both ends."""
+
+    def __init__(self, device):
+        self.device = device
+        self.seconds = 0.0
+
+    def __enter__(self):
+        sync(self.device)
+        self._t = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        sync(self.device)
+        self.seconds = time.perf_counter() - self._t
+        return False
+
+
+def valid_new_tokens(row: torch.Tensor, prompt_len: int, eos_id, pad_id) -> list[int]:
+    """Generated tokens of one output row: up to and including the first EOS, trailing pads removed."""
+    new = row[prompt_len:].tolist()
+    eos_ids = set(eos_id if isinstance(eos_id, (list, tuple)) else ([] if eos_id is None else [eos_id]))
+    for i, t in enumerate(new):
+        if t in eos_ids:
+            return new[: i + 1]
+    while new and pad_id is not None and new[-1] == pad_id:
+        new.pop()
+    return new
+
+
+def load_pair(target_path, draft_path, device, dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target_path)
+    tok.padding_side = "left"
+    tok.truncation_side = "left"
+    target = AutoModelForCausalLM.from_pretrained(target_path, dtype=dtype).to(device).eval()
+    draft = AutoModelForCausalLM.from_pretrained(draft_path, dtype=dtype).to(device).eval()
+    return tok, target, draft
+
+
+def spec_available() -> tuple[bool, str]:
+    try:
+        import hf_specdec  # noqa: F401
+
+        hf_specdec.enable  # noqa: B018
+        hf_specdec.SpecConfig  # noqa: B018
+        return True, ""
+    except Exception as exc:  # pragma: no cover - depends on the package's progress
+        return False, f"{type(exc).__name__}: {exc}"
+
+
+def metrics_dict(m) -> dict:
+    if m is None:
+        return {}
+    if hasattr(m, "to_dict"):
+        d = m.to_dict()
+    elif isinstance(m, dict):
+        d = dict(m)
+    else:
+        d = {k: getattr(m, k) for k in dir(m) if not k.startswith("_") and not callable(getattr(m, k))}
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, torch.Tensor):
+            v = v.tolist()
+        out[k] = v
+    return out
+
+
+def aggregate_metrics(dicts: list[dict]) -> dict:
+    """Sum counters over several generate calls and recompute the rates."""
+    if not dicts:
+        return {}
+    agg = {}
+    for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_rounds",
+                "propose_seconds", "score_seconds", "verify_seconds"):
+        vals = [d.get(key) for d in dicts if d.get(key) is not None]
+        if vals:
+            agg[key] = sum(vals)
+    if all(d.get("accepted_per_position") is not None for d in dicts):
+        n = max(len(d["accepted_per_position"]) for d in dicts)
+        counts = [0.0] * n
+        for d in dicts:
+            for i, x in enumerate(d["accepted_per_position"]):
+                counts[i] += float(x)
+        agg["accepted_per_position_counts"] = counts
+    elif "num_drafts" in agg and all(d.get("acceptance_per_position") is not None for d in dicts):
+        # rates per position: weight by each call's drafts
+        n = max(len(d["acceptance_per_position"]) for d in dicts)
+        counts = [0.0] * n
+        for d in dicts:
+            for i, x in enumerate(d["acceptance_per_position"]):
+                counts[i] += float(x) * d.get("num_drafts", 0)
+        agg["accepted_per_position_counts"] = counts
+    if "accepted_per_position_counts" in agg and agg.get("num_drafts"):
+        agg["acceptance_per_position"] = [c / agg["num_drafts"] for c in agg["accepted_per_position_counts"]]
+    if agg.get("num_draft_tokens"):
+        agg["acceptance_rate"] = agg["num_accepted_tokens"] / agg["num_draft_tokens"]
+    if agg.get("num_drafts"):
+        agg["mean_acceptance_length"] = 1.0 + agg["num_accepted_tokens"] / agg["num_drafts"]
+    return agg
+
+
+def acceptance_length_histogram(agg: dict, k: int) -> list[float] | None:
+    """Number of drafts whose accepted prefix has length 0..k (from per-position counts)."""
+    counts = agg.get("accepted_per_position_counts")
+    n = agg.get("num_drafts")
+    if counts is None or not n:
+        return None
+    counts = list(counts[:k]) + [0.0] * max(0, k - len(counts))
+    hist = [n - counts[0]] + [counts[i] - (counts[i + 1] if i + 1 < k else 0.0) for i in range(k)]
+    return [max(0.0, h) for h in hist]
+
+
+def expected_tokens_per_round(alpha: float, k: int) -> float:
+    if alpha >= 1.0 - 1e-9:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)

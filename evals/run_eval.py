@@ -1,0 +1,245 @@
+#!/usr/bin/env python
+"""Per-prompt eval of plain HF generate vs hf_specdec over a local jsonl dataset.
+
+The dataset is loaded with `datasets` from local files (HumanEval.jsonl.gz or any
+jsonl with --prompt-field).  Prompts are sharded over processes with accelerate's
+PartialState().split_between_processes, so the same script runs on one device or
+under `accelerate launch --num_processes N evals/run_eval.py ...`; results are
+gathered on the main process, which writes
+
+    OUT/results.json   per-prompt tokens, seconds, tokens/s per method, acceptance
+    OUT/eval.png       acceptance-length histogram + tokens/s per method
+
+Each prompt is generated one at a time (batch 1) by every method, after one
+warm-up generation per method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load_common():
+    # load benchmarks/common.py by path: putting benchmarks/ on sys.path would let
+    # benchmarks/kernels.py shadow the `kernels` package that transformers probes
+    import importlib.util
+
+    name = "_hf_specdec_bench_common"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(HERE), "benchmarks", "common.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_c = _load_common()
+Timer, acceptance_length_histogram, aggregate_metrics = _c.Timer, _c.acceptance_length_histogram, _c.aggregate_metrics
+find_humaneval, load_pair, metrics_dict = _c.find_humaneval, _c.load_pair, _c.metrics_dict
+spec_available, valid_new_tokens = _c.spec_available, _c.valid_new_tokens
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", required=True)
+    p.add_argument("--draft", required=True)
+    p.add_argument("--data", default=None, help="jsonl / jsonl.gz (default: HumanEval.jsonl.gz from known places)")
+    p.add_argument("--prompt-field", default="prompt")
+    p.add_argument("--id-field", default="task_id", help="row id field (row index when absent)")
+    p.add_argument("--limit", type=int, default=None, help="first N rows only")
+    p.add_argument("--max-prompt-tokens", type=int, default=512, help="prompts keep their last N tokens")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    p.add_argument("--mode", choices=["greedy", "sample"], default="greedy")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--methods", default="plain,hf_specdec", help="comma list of plain, hf_specdec")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="output directory")
+    return p.parse_args(argv)
+
+
+def load_prompts(args):
+    from datasets import load_dataset
+
+    path = args.data or find_humaneval(None)
+    if path is None:
+        raise SystemExit("no dataset: pass --data PATH")
+    ds = load_dataset("json", data_files=path, split="train")
+    if args.limit:
+        ds = ds.select(range(min(args.limit, len(ds))))
+    ids = ds[args.id_field] if args.id_field in ds.column_names else [str(i) for i in range(len(ds))]
+    return path, [{"index": i, "id": str(ids[i]), "prompt": p} for i, p in enumerate(ds[args.prompt_field])]
+
+
+def make_plot(rows, methods, k, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    spec = [r for r in rows if r.get("hf_specdec", {}).get("mean_acceptance_length") is not None]
+    ax = axes[0]
+    if spec:
+        hist = [0.0] * (k + 1)
+        have_hist = False
+        for r in spec:
+            h = r["hf_specdec"].get("acceptance_length_histogram")
+            if h:
+                have_hist = True
+                for i, v in enumerate(h[: k + 1]):
+                    hist[i] += v
+        if have_hist:
+            ax.bar(range(k + 1), hist, color="tab:blue")
+            ax.set_xlabel("accepted draft tokens per round")
+            ax.set_ylabel("rounds x sequences")
+            ax.set_title(f"hf_specdec acceptance length (k={k})")
+        else:
+            ax.hist([r["hf_specdec"]["mean_acceptance_length"] for r in spec], bins=min(20, max(5, len(spec))))
+            ax.set_xlabel("mean acceptance length per prompt")
+            ax.set_ylabel("prompts")
+            ax.set_title(f"hf_specdec mean acceptance length (k={k})")
+    else:
+        ax.text(0.5, 0.5, "no hf_specdec results", ha="center", va="center")
+        ax.set_axis_off()
+    ax = axes[1]
+    data = [[r[m]["tokens_per_s"] for r in rows if m in r and r[m].get("tokens_per_s")] for m in methods]
+    pos = list(range(len(methods)))
+    if any(data):
+        ax.boxplot([d if d else [0.0] for d in data], positions=pos, widths=0.5)
+        for i, d in enumerate(data):
+            ax.scatter([i] * len(d), d, s=8, alpha=0.5)
+    ax.set_xticks(pos)
+    ax.set_xticklabels(methods)
+    ax.set_ylabel("tokens/s per prompt (batch 1)")
+    ax.set_title("speed per method")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from accelerate import PartialState
+    from accelerate.utils import gather_object
+    from tqdm.auto import tqdm
+
+    state = PartialState()
+    device = state.device
+    dtype = torch.bfloat16 if (args.dtype == "auto" and device.type == "cuda") else (
+        torch.float32 if args.dtype == "auto" else getattr(torch, args.dtype))
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = set(methods) - {"plain", "hf_specdec"}
+    if unknown:
+        raise SystemExit(f"unknown methods {sorted(unknown)}")
+    if "hf_specdec" in methods:
+        ok, why = spec_available()
+        if not ok:
+            raise SystemExit(f"hf_specdec is not available ({why}); run with --methods plain")
+
+    data_path, prompts = load_prompts(args)
+    tok, target, draft = load_pair(args.target, args.draft, device, dtype)
+    if "hf_specdec" in methods:
+        import hf_specdec
+
+        hf_specdec.enable(target)
+
+    kw = dict(max_new_tokens=args.max_new_tokens, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+              return_dict_in_generate=True)
+    if args.mode == "greedy":
+        kw["do_sample"] = False
+    else:
+        kw.update(do_sample=True, temperature=args.temperature, top_k=0, top_p=1.0)
+
+    def call(method, ids, mask):
+        if method == "plain":
+            return target.generate(input_ids=ids, attention_mask=mask, **kw)
+        return target.generate(input_ids=ids, attention_mask=mask, assistant_model=draft,
+                               spec_config=hf_specdec.SpecConfig(num_speculative_tokens=args.k), **kw)
+
+    def encode(text):
+        enc = tok(text, return_tensors="pt", truncation=True, max_length=args.max_prompt_tokens)
+        return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+
+    rows = []
+    with state.split_between_processes(prompts) as shard:
+        if shard:
+            ids, mask = encode(shard[0]["prompt"])
+            for m in methods:  # warm-up
+                call(m, ids, mask)
+        bar = tqdm(shard, desc=f"eval[{state.process_index}]", disable=not shard,
+                   position=state.process_index, dynamic_ncols=True)
+        for item in bar:
+            ids, mask = encode(item["prompt"])
+            row = {"index": item["index"], "id": item["id"], "prompt_tokens": int(ids.shape[1]),
+                   "process": state.process_index}
+            outs = {}
+            for m in methods:
+                torch.manual_seed(args.seed + item["index"])
+                with Timer(device) as t:
+                    out = call(m, ids, mask)
+                new = valid_new_tokens(out.sequences[0].cpu(), ids.shape[1], tok.eos_token_id, tok.pad_token_id)
+                outs[m] = new
+                entry = {"new_tokens": len(new), "seconds": t.seconds,
+                         "tokens_per_s": len(new) / t.seconds if t.seconds > 0 else None}
+                sm = getattr(out, "spec_metrics", None)
+                if sm is not None:
+                    agg = aggregate_metrics([metrics_dict(sm)])
+                    entry.update({"acceptance_rate": agg.get("acceptance_rate"),
+                                  "mean_acceptance_length": agg.get("mean_acceptance_length"),
+                                  "acceptance_length_histogram": acceptance_length_histogram(agg, args.k),
+                                  "spec_metrics": metrics_dict(sm)})
+                row[m] = entry
+            if args.mode == "greedy" and "plain" in outs and "hf_specdec" in outs:
+                row["identical_to_plain"] = outs["plain"] == outs["hf_specdec"]
+            rows.append(row)
+            if "hf_specdec" in row and row["hf_specdec"].get("mean_acceptance_length") is not None:
+                bar.set_postfix(acc_len=f"{row['hf_specdec']['mean_acceptance_length']:.2f}")
+
+    all_rows = gather_object(rows)
+    if state.is_main_process:
+        all_rows = sorted(all_rows, key=lambda r: r["index"])
+        summary = {}
+        for m in methods:
+            vals = [r[m] for r in all_rows if m in r]
+            tot_tok = sum(v["new_tokens"] for v in vals)
+            tot_s = sum(v["seconds"] for v in vals)
+            s = {"prompts": len(vals), "new_tokens": tot_tok, "seconds": tot_s,
+                 "tokens_per_s": tot_tok / tot_s if tot_s else None,
+                 "median_tokens_per_s_per_prompt": statistics.median(
+                     [v["tokens_per_s"] for v in vals if v["tokens_per_s"]]) if vals else None}
+            if m == "hf_specdec":
+                agg = aggregate_metrics([v["spec_metrics"] for v in vals if v.get("spec_metrics")])
+                s.update({"acceptance_rate": agg.get("acceptance_rate"),
+                          "mean_acceptance_length": agg.get("mean_acceptance_length"),
+                          "acceptance_length_histogram": acceptance_length_histogram(agg, args.k)})
+            summary[m] = s
+        if "plain" in summary and "hf_specdec" in summary and summary["plain"]["tokens_per_s"]:
+            summary["speedup"] = summary["hf_specdec"]["tokens_per_s"] / summary["plain"]["tokens_per_s"]
+        same = [r["identical_to_plain"] for r in all_rows if "identical_to_plain" in r]
+        if same:
+            summary["identical_to_plain_share"] = sum(same) / len(same)
+        os.makedirs(args.out, exist_ok=True)
+        report = {"data": os.path.abspath(data_path), "target": os.path.abspath(args.target),
+                  "draft": os.path.abspath(args.draft), "num_processes": state.num_processes,
+                  "device": str(device), "config": vars(args), "summary": summary, "rows": all_rows}
+        with open(os.path.join(args.out, "results.json"), "w") as fh:
+            json.dump(report, fh, indent=2, default=str)
+        make_plot(all_rows, methods, args.k, os.path.join(args.out, "eval.png"))
+        print(json.dumps(summary, indent=2, default=str))
+    state.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""evals/run_eval.py and benchmarks/e2e.py on a tiny pair and a few HumanEval prompts (CPU)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+
+
+def _humaneval():
+    for cand in (os.path.join(REPO, "shared", "datasets", "humaneval", "HumanEval.jsonl.gz"),
+                 "/work/shared/datasets/humaneval/HumanEval.jsonl.gz"):
+        if os.path.exists(cand):
+            return cand
+    return None
+
+
+def _spec_available():
+    try:
+        import hf_specdec
+
+        hf_specdec.enable  # noqa: B018
+        hf_specdec.SpecConfig  # noqa: B018
+        return True, ""
+    except Exception as exc:
+        return False, f"{type(exc).__name__}: {exc}"
+
+
+HUMANEVAL = _humaneval()
+SPEC_OK, SPEC_WHY = _spec_available()
+needs_data = pytest.mark.skipif(HUMANEVAL is None, reason="HumanEval.jsonl.gz not found")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from test_build_pair import tiny_source_dir
+
+    out = tmp_path_factory.mktemp("tiny_pair_evals")
+    # a smaller build than test_build_pair's: these tests exercise code paths, not model quality
+    cmd = [sys.executable, os.path.join(REPO, "evals", "build_pair.py"), "--tiny", "--out", str(out),
+           "--source-dir", tiny_source_dir(), "--max-bytes", "1e6", "--max-steps", "60",
+           "--time-budget-s", "600", "--log-every-s", "100"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return out
+
+
+@needs_data
+@pytest.mark.skipif(not SPEC_OK, reason=f"hf_specdec.enable is not available yet ({SPEC_WHY})")
+def test_run_eval_outputs(pair, tmp_path):
+    out = tmp_path / "eval"
+    cmd = [sys.executable, os.path.join(REPO, "evals", "run_eval.py"), "--target", str(pair / "target"),
+           "--draft", str(pair / "draft"), "--data", HUMANEVAL, "--limit", "3", "--max-new-tokens", "12",
+           "--k", "3", "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    report = json.load(open(out / "results.json"))
+    assert len(report["rows"]) == 3
+    assert [r["index"] for r in report["rows"]] == [0, 1, 2]
+    for r in report["rows"]:
+        for m in ("plain", "hf_specdec"):
+            assert r[m]["new_tokens"] > 0 and r[m]["tokens_per_s"] > 0
+        assert 0.0 <= r["hf_specdec"]["acceptance_rate"] <= 1.0
+        assert 1.0 <= r["hf_specdec"]["mean_acceptance_length"] <= 4.0
+        assert r["identical_to_plain"] is True  # greedy speculative output == the target's greedy output (fp32)
+    s = report["summary"]
+    assert s["identical_to_plain_share"] == 1.0
+    assert s["speedup"] > 0
+    hist = s["hf_specdec"]["acceptance_length_histogram"]
+    assert hist is not None and len(hist) == 4
+    png = out / "eval.png"
+    assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@needs_data
+def test_e2e_smoke(pair, tmp_path):
+    out = tmp_path / "e2e.json"
+    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "e2e.py"), "--target", str(pair / "target"),
+           "--draft", str(pair / "draft"), "--prompts", HUMANEVAL, "--batch-sizes", "1,2",
+           "--max-new-tokens", "8", "--num-prompts", "4", "--min-prompts", "2", "--repeats", "1",
+           "--assisted-sweep", "3", "--k", "3", "--primitive-iters", "3", "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    report = json.load(open(out))
+    assert report["errors"] == [], report["errors"]
+    methods = {(r["method"], r["batch_size"], r["mode"]) for r in report["results"]}
+    for b in (1, 2):
+        for mode in ("greedy", "sample"):
+            assert ("plain_eager", b, mode) in methods
+            assert ("plain_compiled", b, mode) in methods
+            if SPEC_OK:
+                assert ("hf_specdec", b, mode) in methods
+    assert ("hf_assisted", 1, "greedy") in methods
+    assert set(report["primitives_seconds"]) == {"1", "2"}
+    for r in report["results"]:
+        assert r["tokens_per_s"] > 0
+        if r["method"] == "hf_specdec":
+            assert r["ideal_speedup"] > 0 and r["efficiency_vs_ideal"] > 0
+            if r["mode"] == "greedy":
+                assert r["identical_to_plain_eager_greedy"] == 1.0
