@@ -233,3 +233,30 @@ def test_distribution_test_rejects_wrong_recovery(with_q):
     out = _sample_positions(_wrong_sampler, 20000, with_q, seed=99 + with_q)
     pvals = _position_pvalues(out)
     assert pvals[0] < 1e-3, pvals
+
+
+def test_split_vocab_path_small_batch():
+    """Small batches split each row over several programs (combined through an atomic ticket):
+    mixed greedy/random, k_i = 0, no q, and the all-zero-residual fallback all go through it."""
+    from hf_specdec.kernels import rejection_sampler_triton as rs
+
+    V = 5000  # 3 chunks of SPLIT_BLOCK_V: 3 programs per sequence on CPU
+    assert triton_cdiv(V, rs.SPLIT_BLOCK_V) >= 3 and rs._num_programs_target(torch.device("cpu")) // 2 >= 3
+    gen = torch.Generator().manual_seed(21)
+    for has_q in (True, False):
+        for greedy_frac in (0.0, 0.5, 1.0):
+            batch = _make_batch(gen, [0, 3], V, greedy_frac=greedy_frac, has_q=has_q, match_frac=0.7)
+            _assert_same(*_both(*batch, 3))
+    # the fallback: q >= p everywhere leaves no residual at the rejection
+    p = torch.softmax(torch.randn(1, V, generator=gen), -1)
+    target, draft, cu = torch.cat([p, p]), torch.tensor([int(p.argmin())]), torch.tensor([1])
+    u = torch.tensor([1.0 - 1e-12], dtype=torch.float64)
+    e = torch.empty(1, V).exponential_(generator=gen).clamp_(min=1e-10)
+    args = (draft, cu, torch.ones(1, V), target, torch.tensor([False]), 1, u, e)
+    got, want = rejection_sample_triton(*args), rejection_sample_reference(*args)
+    _assert_same(got, want)
+    assert int(got[0][0, 0]) == int((p[0] / e[0]).argmax())
+
+
+def triton_cdiv(a, b):
+    return (a + b - 1) // b

@@ -32,6 +32,16 @@ row of a ``(BLOCK_B, BLOCK_V)`` tile. Every step below is vectorised over those 
 3. Stores: accepted drafts, the emitted token at position ``r``, ``-1`` after it, and
    the accepted count. No host synchronisation; the output is ``torch.empty``.
 
+Small batches with large vocabularies (``B`` below two programs per SM): the same
+function in ``_rejection_sample_split_kernel``, grid ``(B, S)``. Program ``(b, s)`` sweeps
+slice ``s`` of the vocabulary (``SPLIT_BLOCK_V``-sized chunks) of sequence ``b``'s rows and
+stores a partial ``(max, first argmax)`` (greedy: of every row ``0..k_b``, which the walk
+needs in order; random: of the race on row ``r``, after redoing the cheap accept walk,
+plus the residual's max) in a small scratch buffer; it then takes an atomic ticket
+(acquire-release). The last of the ``S`` programs of the sequence to arrive combines the
+partials (max, then smallest id: slices are ordered, so ties still go to the first
+token), walks, and writes the outputs. One launch plus a ``(B,)`` memset of tickets.
+
 So a random sequence reads at most three vocabulary rows (``p_r``, ``q_r``, ``E_b``) and
 a greedy one ``r_b + 1`` rows: the bytes a verify step cannot avoid.
 Division uses ``div_rn`` (IEEE round-to-nearest) so that ties and values agree with torch.
@@ -203,15 +213,167 @@ def _rejection_sample_kernel(
     tl.store(num_accepted_ptr + b, num_acc, mask=in_batch)
 
 
+# ----------------------------------------------------------------------------- small batches
+
+@triton.jit
+def _slice_argmax(row_ptr, lo, hi, BLOCK_V: tl.constexpr):
+    """(max, first argmax) of ``row[lo:hi]``."""
+    best = tl.full([BLOCK_V], -float("inf"), tl.float32)
+    best_idx = tl.zeros([BLOCK_V], tl.int32)
+    for start in range(lo, hi, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        vals = tl.load(row_ptr + offs, mask=offs < hi, other=-float("inf")).to(tl.float32)
+        better = vals > best
+        best = tl.where(better, vals, best)
+        best_idx = tl.where(better, offs, best_idx)
+    top = tl.max(best, axis=0)
+    return top, tl.min(tl.where(best == top, best_idx, 2147483647), axis=0)
+
+
+@triton.jit
+def _slice_race(p_row, q_row, e_row, lo, hi, use_residual, onehot_token, HAS_Q: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Exponential race of ``max(p - q, 0) / E`` over ``[lo, hi)`` (``q = 0`` unless ``use_residual``):
+    (best weight, its first index, max residual)."""
+    best = tl.full([BLOCK_V], -1.0, tl.float32)
+    best_idx = tl.zeros([BLOCK_V], tl.int32)
+    res_max = tl.zeros([BLOCK_V], tl.float32)
+    q_hi = tl.where(use_residual, hi, lo)  # q is only read for a rejected run
+    onehot = tl.where(use_residual, onehot_token, -1)
+    for start in range(lo, hi, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        m = offs < hi
+        p = tl.load(p_row + offs, mask=m, other=0.0).to(tl.float32)
+        e = tl.load(e_row + offs, mask=m, other=1.0)
+        if HAS_Q:
+            q = tl.load(q_row + offs, mask=offs < q_hi, other=0.0).to(tl.float32)
+        else:
+            q = tl.where(offs == onehot, 1.0, 0.0)
+        res = tl.maximum(p - q, 0.0)
+        res_max = tl.maximum(res_max, res)
+        w = tl.where(m, tl.math.div_rn(res, e), -1.0)
+        better = w > best
+        best = tl.where(better, w, best)
+        best_idx = tl.where(better, offs, best_idx)
+    top = tl.max(best, axis=0)
+    return top, tl.min(tl.where(best == top, best_idx, 2147483647), axis=0), tl.max(res_max, axis=0)
+
+
+@triton.jit
+def _rejection_sample_split_kernel(
+    out_ptr, num_accepted_ptr, cu_num_draft_ptr, draft_ids_ptr, draft_probs_ptr, target_probs_ptr,
+    is_greedy_ptr, uniform_ptr, exp_ptr,
+    part_val_ptr, part_idx_ptr, part_res_ptr, ticket_ptr,  # (B, S, K+1), (B, S, K+1), (B, S), (B,) zeros
+    vocab_size, max_spec_len, slice_len,
+    stride_out, stride_q, stride_p, stride_e,
+    NUM_SPLITS: tl.constexpr, HAS_Q: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    """Small batches: program (b, s) sweeps vocabulary slice s of sequence b's rows and leaves
+    a partial (max, argmax) in scratch; the last of the sequence's programs to arrive (an
+    atomic ticket) combines the partials and writes the outputs. Still one launch."""
+    b = tl.program_id(0)
+    s = tl.program_id(1)
+    end = tl.load(cu_num_draft_ptr + b).to(tl.int64)
+    start = tl.load(cu_num_draft_ptr + b - 1, mask=b > 0, other=0).to(tl.int64)
+    count = end - start
+    target_start = start + b
+    greedy = tl.load(is_greedy_ptr + b) != 0
+    lo = s * slice_len
+    hi = tl.minimum(lo + slice_len, vocab_size)
+    part = (b * NUM_SPLITS + s).to(tl.int64) * (max_spec_len + 1)
+
+    num_acc = b * 0  # scalar tensors (not literals): they change inside data-dependent branches
+    rejected = b < 0
+    if greedy:  # partial argmax of every row (the walk needs them in order)
+        for j in range(0, count + 1):
+            top, idx = _slice_argmax(target_probs_ptr + (target_start + j) * stride_p, lo, hi, BLOCK_V)
+            tl.store(part_val_ptr + part + j, top)
+            tl.store(part_idx_ptr + part + j, idx)
+    else:  # the accept walk is a few scalar loads: every slice redoes it
+        still = b >= 0
+        for j in range(0, count):
+            if still:
+                d = tl.load(draft_ids_ptr + start + j).to(tl.int64)
+                p_d = tl.load(target_probs_ptr + (target_start + j) * stride_p + d).to(tl.float32)
+                if HAS_Q:
+                    q_d = tl.load(draft_probs_ptr + (start + j) * stride_q + d).to(tl.float32).to(tl.float64)
+                else:
+                    q_d = 1.0
+                u = tl.load(uniform_ptr + start + j)
+                if u * q_d < p_d.to(tl.float64):
+                    num_acc += 1
+                else:
+                    still = False
+        rejected = num_acc < count
+        r_draft = tl.load(draft_ids_ptr + start + num_acc, mask=rejected, other=-1).to(tl.int64)
+        top, idx, res_max = _slice_race(
+            target_probs_ptr + (target_start + num_acc) * stride_p, draft_probs_ptr + (start + num_acc) * stride_q,
+            exp_ptr + b.to(tl.int64) * stride_e, lo, hi, rejected, r_draft, HAS_Q, BLOCK_V)
+        tl.store(part_val_ptr + part, top)
+        tl.store(part_idx_ptr + part, idx)
+        tl.store(part_res_ptr + b * NUM_SPLITS + s, res_max)
+
+    ticket = tl.atomic_add(ticket_ptr + b, 1, sem="acq_rel")  # releases the partials above
+    if ticket == NUM_SPLITS - 1:  # last arrival: combine
+        out_row = out_ptr + b.to(tl.int64) * stride_out
+        sl = tl.arange(0, BLOCK_S)
+        s_ok = sl < NUM_SPLITS
+        parts = (b * NUM_SPLITS + sl).to(tl.int64) * (max_spec_len + 1)
+        emitted = b * 0
+        if greedy:
+            still = b >= 0
+            for j in range(0, count + 1):
+                if still:
+                    vals = tl.load(part_val_ptr + parts + j, mask=s_ok, other=-float("inf"), cache_modifier=".cg")
+                    idxs = tl.load(part_idx_ptr + parts + j, mask=s_ok, other=2147483647, cache_modifier=".cg")
+                    am = tl.min(tl.where(vals == tl.max(vals, axis=0), idxs, 2147483647), axis=0)
+                    d = tl.load(draft_ids_ptr + start + j, mask=j < count, other=-1)
+                    if d == am:
+                        tl.store(out_row + j, d.to(tl.int64))
+                        num_acc += 1
+                    else:
+                        emitted = am
+                        still = False
+        else:
+            for j in range(0, num_acc):
+                tl.store(out_row + j, tl.load(draft_ids_ptr + start + j).to(tl.int64))
+            vals = tl.load(part_val_ptr + parts, mask=s_ok, other=-2.0, cache_modifier=".cg")
+            idxs = tl.load(part_idx_ptr + parts, mask=s_ok, other=2147483647, cache_modifier=".cg")
+            emitted = tl.min(tl.where(vals == tl.max(vals, axis=0), idxs, 2147483647), axis=0)
+            res_max = tl.max(tl.load(part_res_ptr + b * NUM_SPLITS + sl, mask=s_ok, other=0.0,
+                                     cache_modifier=".cg"), axis=0)
+            if rejected & (res_max <= 0.0):  # all-zero residual (rounding): draw from p over the whole row
+                top, idx, res_max = _slice_race(
+                    target_probs_ptr + (target_start + num_acc) * stride_p, draft_probs_ptr,
+                    exp_ptr + b.to(tl.int64) * stride_e, 0, vocab_size, b < 0, b * 0 - 1, False, BLOCK_V)
+                emitted = idx
+        tl.store(out_row + num_acc, emitted.to(tl.int64))
+        k = tl.arange(0, BLOCK_K)
+        tl.store(out_row + k, tl.full([BLOCK_K], -1, tl.int64), mask=(k > num_acc) & (k <= max_spec_len))
+        tl.store(num_accepted_ptr + b, num_acc.to(tl.int64))
+
+
+def _num_programs_target(device: torch.device) -> int:
+    """Programs worth launching to fill the device: two per SM (a fixed 8 off-GPU)."""
+    if device.type != "cuda":
+        return 8
+    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+SPLIT_BLOCK_V = 2048
+
+
 # Tuning knobs for benchmarks/kernels.py's sweep: {"block_v": int, "num_warps": int}.
 LAUNCH_OVERRIDE: dict = {}
 
 
-def _launch_config(vocab_size: int) -> tuple[int, int, int]:
-    """(BLOCK_B, BLOCK_V, num_warps): a 4096-element tile, whole rows per lane group for tiny vocabularies."""
-    block_v = min(triton.next_power_of_2(max(vocab_size, 16)), LAUNCH_OVERRIDE.get("block_v", 4096))
+def _launch_config(vocab_size: int, max_block_v: int = 8192) -> tuple[int, int, int]:
+    """(BLOCK_B, BLOCK_V, num_warps). Large vocabularies: one sequence per program, chunks of
+    ``max_block_v`` with 16 warps (measured best on an H200 at B=256, k=8, V=128k: more bytes
+    in flight per program); tiny vocabularies: several whole rows per program."""
+    block_v = min(triton.next_power_of_2(max(vocab_size, 16)), LAUNCH_OVERRIDE.get("block_v", max_block_v))
     block_b = max(1, min(64, 1024 // block_v))
-    num_warps = LAUNCH_OVERRIDE.get("num_warps", 8 if block_v >= 4096 else 4)
+    num_warps = LAUNCH_OVERRIDE.get("num_warps", 16 if block_v >= 2048 else 4)
     return block_b, block_v, num_warps
 
 
@@ -244,6 +406,26 @@ def rejection_sample_triton(
     has_q = draft_probs is not None and draft_probs.numel() > 0
     q = draft_probs.contiguous() if has_q else target_probs
     block_b, block_v, num_warps = _launch_config(V)
+    # Small batch, large vocabulary: split each sequence's vocabulary over several programs.
+    n_chunks = triton.cdiv(V, SPLIT_BLOCK_V)
+    splits = min(n_chunks, _num_programs_target(device) // B) if block_b == 1 else 1
+    if splits > 1 and not LAUNCH_OVERRIDE.get("no_split", False):
+        per_slice = triton.cdiv(n_chunks, splits)
+        splits = triton.cdiv(n_chunks, per_slice)  # no empty slice
+        part_val = torch.empty(B, splits, K + 1, dtype=torch.float32, device=device)
+        part_idx = torch.empty(B, splits, K + 1, dtype=torch.int32, device=device)
+        part_res = torch.empty(B, splits, dtype=torch.float32, device=device)
+        tickets = torch.zeros(B, dtype=torch.int32, device=device)
+        _rejection_sample_split_kernel[(B, splits)](
+            out, num_accepted, cu_num_draft_tokens.contiguous(), draft_token_ids, q, target_probs,
+            is_greedy.contiguous(), uniform_samples, exponential_samples,
+            part_val, part_idx, part_res, tickets,
+            V, K, per_slice * SPLIT_BLOCK_V,
+            out.stride(0), q.stride(0), target_probs.stride(0), exponential_samples.stride(0),
+            NUM_SPLITS=splits, HAS_Q=has_q, BLOCK_V=SPLIT_BLOCK_V, BLOCK_K=triton.next_power_of_2(K + 1),
+            BLOCK_S=triton.next_power_of_2(splits), num_warps=4,
+        )
+        return out, num_accepted
     _rejection_sample_kernel[(triton.cdiv(B, block_b),)](
         out, num_accepted, cu_num_draft_tokens.contiguous(), draft_token_ids, q, target_probs,
         is_greedy.contiguous(), uniform_samples, exponential_samples,

@@ -120,7 +120,7 @@ def typical_accept_triton(
     draft_token_ids = draft_token_ids.contiguous()
     if draft_token_ids.numel() == 0:  # keep the pointer valid; never read
         draft_token_ids = torch.zeros(1, dtype=torch.int64, device=device)
-    block_b, block_v, num_warps = _launch_config(V)
+    block_b, block_v, num_warps = _launch_config(V, max_block_v=2048)  # log2 per element: smaller chunks
     _typical_accept_kernel[(triton.cdiv(B, block_b),)](
         out, num_accepted, cu_num_draft_tokens.contiguous(), draft_token_ids, target_probs, exponential_samples,
         B, V, K, float(posterior_threshold), float(posterior_alpha),
