@@ -195,6 +195,8 @@ def check_correctness(gen) -> list[str]:
         ([1, 5, 33], [20, 7, 4], 8, 2, 64, 16, torch.bfloat16, 16, 20.0),
         ([1, 5, 300], [200, 7, 4], 32, 8, 128, 16, torch.float16, None, None),
         ([2, 2], [1000, 3], 12, 4, 64, 4, torch.bfloat16, None, None),
+        ([1], [3000], 32, 8, 128, 16, torch.bfloat16, None, None),  # split-KV decode
+        ([1, 5], [2000, 1500], 8, 2, 64, 16, torch.float32, 700, 30.0),  # split-KV verify
     ]
     for qlens, ctx, H, KVH, D, bs, dtype, window, softcap in cases:
         args = paged_inputs(qlens, ctx, H, KVH, D, bs, dtype, gen)
@@ -325,6 +327,25 @@ def main():
         torch.cuda.empty_cache()
     bench_attention("prefill512+decode", [512] + [1] * 31, [0] + [ctx] * 31, gen, rows, bw)
     emit()
+
+    # The small-batch paths (split vocabulary / split KV) against the one-program-per-sequence kernels.
+    import hf_specdec.kernels.paged_attention_triton as pa
+    import hf_specdec.kernels.rejection_sampler_triton as rs
+
+    rs.LAUNCH_OVERRIDE["no_split"] = True
+    for B in (1, 32):
+        for mode in ("greedy", "random"):
+            bench_rejection(B, 8, 128256, mode, gen, rows, bw)
+            rows[-1]["kernel"] += "_nosplit"
+            emit()
+    rs.LAUNCH_OVERRIDE.clear()
+    pa.MAX_KV_SPLITS = 1
+    for B in (1, 32):
+        bench_attention("decode_nosplit", [1] * B, [ctx] * B, gen, rows, bw)
+        emit()
+        bench_attention("verify_k8_nosplit", [9] * B, [ctx] * B, gen, rows, bw)
+        emit()
+    pa.MAX_KV_SPLITS = 16
     print()
     print(table(rows))
 

@@ -159,3 +159,27 @@ def test_write_then_attend_matches_reference():
     got = paged_attention_triton(query, kc, vc, bt, seq_lens, qsl, mq, 0.25)
     want = paged_attention_reference(query, kc_ref, vc_ref, bt, seq_lens, qsl, mq, 0.25)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype,window,softcap", [(torch.float32, None, None), (torch.float32, 300, 30.0),
+                                                  (torch.bfloat16, None, None)])
+def test_split_kv_decode(dtype, window, softcap):
+    """Small batch, long context: keys split over several programs (flash-decoding) and combined."""
+    import hf_specdec.kernels.paged_attention_triton as pa
+
+    gen = torch.Generator().manual_seed(33)
+    qlens, ctx = [1, 3], [1100, 700]
+    H, KVH, D, bs = 8, 2, 64, 16
+    args = _paged_batch(gen, qlens, ctx, H, KVH, D, bs, dtype)
+    _, _, block_n, _ = pa._tile_sizes(args[-1], H // KVH, D)
+    programs = len(qlens) * KVH  # one query block per sequence
+    assert pa._num_kv_splits(programs, args[3].shape[1] * bs, block_n, torch.device("cpu")) > 1
+    _check(args, D ** -0.5, window, softcap)
+    split = paged_attention_triton(*args, D ** -0.5, window, softcap)
+    old = pa.MAX_KV_SPLITS
+    try:
+        pa.MAX_KV_SPLITS = 1
+        whole = paged_attention_triton(*args, D ** -0.5, window, softcap)
+    finally:
+        pa.MAX_KV_SPLITS = old
+    torch.testing.assert_close(split.float(), whole.float(), atol=TOL[dtype], rtol=TOL[dtype])

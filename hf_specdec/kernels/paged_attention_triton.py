@@ -107,12 +107,15 @@ def _paged_attention_kernel(
     stride_kc_blk, stride_kc_pos, stride_kc_h,
     stride_vc_blk, stride_vc_pos, stride_vc_h,
     stride_bt,
+    part_acc_ptr, part_ml_ptr,  # split-KV partials (T, H, S, D) and (T, H, S, 2); unused when NUM_KV_SPLITS == 1
     HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE_FP32: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    NUM_KV_SPLITS: tl.constexpr,
 ):
     b = tl.program_id(0)
     q_block = tl.program_id(1)
-    kv_head = tl.program_id(2)
+    kv_head = tl.program_id(2) // NUM_KV_SPLITS
+    kv_split = tl.program_id(2) % NUM_KV_SPLITS
     q_start = tl.load(query_start_loc_ptr + b).to(tl.int64)
     q_len = (tl.load(query_start_loc_ptr + b + 1) - q_start).to(tl.int32)
     first_tok = q_block * BLOCK_Q
@@ -140,6 +143,10 @@ def _paged_attention_kernel(
         if HAS_WINDOW:
             lo = tl.maximum(ctx_len + first_tok - sliding_window + 1, 0)
         lo = (lo // BLOCK_N) * BLOCK_N
+        if NUM_KV_SPLITS > 1:  # flash-decoding: this program takes one contiguous share of the tiles
+            per_split = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), NUM_KV_SPLITS) * BLOCK_N
+            lo = lo + kv_split * per_split
+            hi = tl.minimum(hi, lo + per_split)
 
         m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -184,10 +191,39 @@ def _paged_attention_kernel(
             acc = acc * alpha[:, None] + pv
             m_i = m_new
 
-        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-        out = acc / l_safe[:, None]
-        tl.store(out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        o_mask = row_ok[:, None] & d_ok[None, :]
+        if NUM_KV_SPLITS == 1:
+            l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+            out = acc / l_safe[:, None]
+            tl.store(out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=o_mask)
+        else:  # unnormalised partial; an empty share leaves m = -1e30, l = 0, acc = 0
+            num_heads = num_groups * (tl.num_programs(2) // NUM_KV_SPLITS)
+            row = ((q_start + tok) * num_heads + head) * NUM_KV_SPLITS + kv_split
+            tl.store(part_acc_ptr + row[:, None] * BLOCK_D + d[None, :], acc, mask=o_mask)
+            tl.store(part_ml_ptr + row * 2, m_i, mask=row_ok)
+            tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=row_ok)
+
+
+@triton.jit
+def _combine_kv_splits_kernel(out_ptr, part_acc_ptr, part_ml_ptr, num_heads, head_dim, stride_ot, stride_oh,
+                              NUM_KV_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """out[t, h] = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s over the KV splits."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    sp = tl.arange(0, BLOCK_S)
+    s_ok = sp < NUM_KV_SPLITS
+    d = tl.arange(0, BLOCK_D)
+    row = (t.to(tl.int64) * num_heads + h) * NUM_KV_SPLITS + sp
+    m = tl.load(part_ml_ptr + row * 2, mask=s_ok, other=-1.0e30)
+    l = tl.load(part_ml_ptr + row * 2 + 1, mask=s_ok, other=0.0)
+    acc = tl.load(part_acc_ptr + row[:, None] * BLOCK_D + d[None, :], mask=s_ok[:, None] & (d < head_dim)[None, :],
+                  other=0.0)
+    w = tl.exp2(m - tl.max(m, axis=0))
+    denom = tl.sum(w * l, axis=0)
+    out = tl.sum(w[:, None] * acc, axis=0) / tl.where(denom > 0.0, denom, 1.0)
+    tl.store(out_ptr + t.to(tl.int64) * stride_ot + h * stride_oh + d, out.to(out_ptr.dtype.element_ty),
+             mask=d < head_dim)
 
 
 def _tile_sizes(max_query_len: int, num_groups: int, head_dim: int) -> tuple[int, int, int, int]:
@@ -227,7 +263,14 @@ def paged_attention_triton(
         query = query.contiguous()
     assert key_cache.stride(-1) == 1 and value_cache.stride(-1) == 1, "caches need a contiguous head_dim"
     block_q, block_m, block_n, block_d = _tile_sizes(max_query_len, G, D)
-    grid = (B, triton.cdiv(max(int(max_query_len), 1), block_q), KVH)
+    n_qblocks = triton.cdiv(max(int(max_query_len), 1), block_q)
+    splits = _num_kv_splits(B * n_qblocks * KVH, block_tables.shape[1] * key_cache.shape[1], block_n, query.device)
+    if splits > 1:
+        part_acc = torch.empty(T, H, splits, block_d, dtype=torch.float32, device=query.device)
+        part_ml = torch.empty(T, H, splits, 2, dtype=torch.float32, device=query.device)
+    else:
+        part_acc = part_ml = out  # never touched
+    grid = (B, n_qblocks, KVH * splits)
     _paged_attention_kernel[grid](
         out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
         float(scale), float(softcap) if softcap is not None else 1.0,
@@ -237,10 +280,30 @@ def paged_attention_triton(
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_tables.stride(0),
+        part_acc, part_ml,
         HAS_SOFTCAP=softcap is not None, HAS_WINDOW=sliding_window is not None,
         IEEE_FP32=query.dtype == torch.float32 or _INTERPRET_BF16 and query.dtype == torch.bfloat16,
         UPCAST=_INTERPRET_BF16 and query.dtype == torch.bfloat16,
-        BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, NUM_KV_SPLITS=splits,
         num_warps=4, num_stages=2,
     )
+    if splits > 1:
+        _combine_kv_splits_kernel[(T, H)](
+            out, part_acc, part_ml, H, D, out.stride(0), out.stride(1),
+            NUM_KV_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, num_warps=4,
+        )
     return out
+
+
+# Set to 1 to turn the split-KV (flash-decoding) path off.
+MAX_KV_SPLITS = 16
+
+
+def _num_kv_splits(programs: int, max_context: int, block_n: int, device: torch.device) -> int:
+    """Split each sequence's keys over several programs when the grid alone cannot fill the
+    device (decode and verify at small batch): about two programs per SM, at least four
+    key tiles per split. Decided from host-side shapes only (no synchronisation)."""
+    target = 2 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+    if programs >= target or MAX_KV_SPLITS <= 1:
+        return 1
+    return max(1, min(MAX_KV_SPLITS, triton.cdiv(target, programs), max_context // (4 * block_n)))
