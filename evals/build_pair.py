@@ -68,7 +68,7 @@ class ModelSize:
 GPU_TARGET = ModelSize(1536, 16, 4096, 12, 4)  # ~453M params with a 16384 vocab, untied
 GPU_DRAFT = ModelSize(512, 4, 1536, 8, 4)  # ~29M params with a 16384 vocab, untied
 TINY_TARGET = ModelSize(128, 2, 352, 4, 2)
-TINY_DRAFT = ModelSize(32, 1, 88, 1, 1)
+TINY_DRAFT = ModelSize(16, 1, 48, 1, 1)
 
 
 def _size_from_str(text: str) -> ModelSize:
