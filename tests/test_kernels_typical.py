@@ -91,3 +91,17 @@ def test_dispatch_with_generators_is_reproducible():
     a, b = run(), run()
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert a[1].tolist() == [2, 2, 0]
+
+
+def test_split_vocab_path_small_batch():
+    """Small batch, vocabulary split over programs and combined through an atomic ticket."""
+    from hf_specdec.kernels import rejection_sampler_triton as rs
+
+    V = 5000
+    assert (V + rs.SPLIT_BLOCK_V - 1) // rs.SPLIT_BLOCK_V >= 3
+    gen = torch.Generator().manual_seed(4)
+    for thr, alpha in [(0.09, 0.3), (0.0, 0.0), (1.0, 1e6)]:
+        draft, cu, target = _batch(gen, [3, 0], V, temp=4.0)
+        (out, n), _ = _both(draft, cu, target, 3, thr, alpha)
+        if thr == 0.0:
+            assert n.tolist() == [3, 0]

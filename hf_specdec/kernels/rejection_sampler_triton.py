@@ -303,7 +303,7 @@ def _rejection_sample_split_kernel(
                 if u * q_d < p_d.to(tl.float64):
                     num_acc += 1
                 else:
-                    still = False
+                    still = b < 0
         rejected = num_acc < count
         r_draft = tl.load(draft_ids_ptr + start + num_acc, mask=rejected, other=-1).to(tl.int64)
         top, idx, res_max = _slice_race(
@@ -333,10 +333,10 @@ def _rejection_sample_split_kernel(
                         num_acc += 1
                     else:
                         emitted = am
-                        still = False
+                        still = b < 0
         else:
-            for j in range(0, num_acc):
-                tl.store(out_row + j, tl.load(draft_ids_ptr + start + j).to(tl.int64))
+            for i in range(0, num_acc):
+                tl.store(out_row + i, tl.load(draft_ids_ptr + start + i).to(tl.int64))
             vals = tl.load(part_val_ptr + parts, mask=s_ok, other=-2.0, cache_modifier=".cg")
             idxs = tl.load(part_idx_ptr + parts, mask=s_ok, other=2147483647, cache_modifier=".cg")
             emitted = tl.min(tl.where(vals == tl.max(vals, axis=0), idxs, 2147483647), axis=0)

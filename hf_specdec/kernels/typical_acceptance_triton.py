@@ -15,6 +15,12 @@ at most one noise row.
 Stores: accepted drafts, the emitted token, ``-1`` padding and the accepted counts; no
 host synchronisation.
 
+Small batches with large vocabularies take ``_typical_accept_split_kernel`` instead, grid
+``(B, S)``: program ``(b, s)`` sweeps vocabulary slice ``s`` of every row of sequence ``b``
+(partial ``sum p log2 p`` and argmax of the draft rows, partial race of the bonus row),
+then takes an atomic ticket; the last of the ``S`` programs combines the partials and
+walks, as in the rejection sampler's split path.
+
 The entropy is a float32 sum in lane-then-tree order (and log2 rather than ln), so it can differ from torch's in the last
 bits; a draft whose probability sits within that rounding of its threshold could be
 decided differently by kernel and reference (no test input comes close).
@@ -25,7 +31,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .rejection_sampler_triton import _first_argmax, _launch_config, _rows_exponential_race
+from .rejection_sampler_triton import (
+    SPLIT_BLOCK_V,
+    LAUNCH_OVERRIDE,
+    _first_argmax,
+    _launch_config,
+    _num_programs_target,
+    _rows_exponential_race,
+    _slice_race,
+)
 
 
 @triton.jit
@@ -97,6 +111,89 @@ def _typical_accept_kernel(
     tl.store(num_accepted_ptr + b, num_acc, mask=in_batch)
 
 
+@triton.jit
+def _slice_entropy_argmax(row_ptr, lo, hi, BLOCK_V: tl.constexpr):
+    """Over ``row[lo:hi]``: (sum p log2 p, max, first argmax)."""
+    plogp = tl.zeros([BLOCK_V], tl.float32)
+    best = tl.full([BLOCK_V], -float("inf"), tl.float32)
+    best_idx = tl.zeros([BLOCK_V], tl.int32)
+    for start in range(lo, hi, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        m = offs < hi
+        p = tl.load(row_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        plogp += tl.where(p > 0.0, p * tl.log2(tl.where(p > 0.0, p, 1.0)), 0.0)
+        vals = tl.where(m, p, -float("inf"))
+        better = vals > best
+        best = tl.where(better, vals, best)
+        best_idx = tl.where(better, offs, best_idx)
+    top = tl.max(best, axis=0)
+    return tl.sum(plogp, axis=0), top, tl.min(tl.where(best == top, best_idx, 2147483647), axis=0)
+
+
+@triton.jit
+def _typical_accept_split_kernel(
+    out_ptr, num_accepted_ptr, cu_num_draft_ptr, draft_ids_ptr, target_probs_ptr, exp_ptr,
+    part_val_ptr, part_idx_ptr, part_ent_ptr, ticket_ptr,  # (B, S, K+1) x3, (B,) zeros
+    vocab_size, max_spec_len, slice_len, posterior_threshold, posterior_alpha,
+    stride_out, stride_p, stride_e,
+    NUM_SPLITS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    """Small batches: program (b, s) sweeps vocabulary slice s of all of sequence b's rows
+    (partial entropy and argmax of the draft rows, partial race of the bonus row); the
+    last program of the sequence to take the atomic ticket combines them and walks."""
+    b = tl.program_id(0)
+    s = tl.program_id(1)
+    end = tl.load(cu_num_draft_ptr + b).to(tl.int64)
+    start = tl.load(cu_num_draft_ptr + b - 1, mask=b > 0, other=0).to(tl.int64)
+    count = end - start
+    target_start = start + b
+    lo = s * slice_len
+    hi = tl.minimum(lo + slice_len, vocab_size)
+    part = (b * NUM_SPLITS + s).to(tl.int64) * (max_spec_len + 1)
+    for j in range(0, count):
+        ent, top, idx = _slice_entropy_argmax(target_probs_ptr + (target_start + j) * stride_p, lo, hi, BLOCK_V)
+        tl.store(part_ent_ptr + part + j, ent)
+        tl.store(part_val_ptr + part + j, top)
+        tl.store(part_idx_ptr + part + j, idx)
+    top, idx, _ = _slice_race(target_probs_ptr + (target_start + count) * stride_p, target_probs_ptr,
+                              exp_ptr + b.to(tl.int64) * stride_e, lo, hi, b < 0, b * 0 - 1, False, BLOCK_V)
+    tl.store(part_val_ptr + part + count, top)
+    tl.store(part_idx_ptr + part + count, idx)
+
+    ticket = tl.atomic_add(ticket_ptr + b, 1, sem="acq_rel")  # releases the partials above
+    if ticket == NUM_SPLITS - 1:  # last arrival: combine and walk
+        out_row = out_ptr + b.to(tl.int64) * stride_out
+        sl = tl.arange(0, BLOCK_S)
+        s_ok = sl < NUM_SPLITS
+        parts = (b * NUM_SPLITS + sl).to(tl.int64) * (max_spec_len + 1)
+        num_acc = b * 0
+        still = b >= 0
+        emitted = b * 0
+        for j in range(0, count + 1):
+            if still:
+                vals = tl.load(part_val_ptr + parts + j, mask=s_ok, other=-float("inf"), cache_modifier=".cg")
+                idxs = tl.load(part_idx_ptr + parts + j, mask=s_ok, other=2147483647, cache_modifier=".cg")
+                am = tl.min(tl.where(vals == tl.max(vals, axis=0), idxs, 2147483647), axis=0)
+                if j < count:
+                    ent = tl.load(part_ent_ptr + parts + j, mask=s_ok, other=0.0, cache_modifier=".cg")
+                    entropy = -0.6931471805599453 * tl.sum(ent, axis=0)
+                    d = tl.load(draft_ids_ptr + start + j).to(tl.int64)
+                    p_d = tl.load(target_probs_ptr + (target_start + j) * stride_p + d).to(tl.float32)
+                    threshold = tl.minimum(posterior_alpha * tl.exp(-entropy), posterior_threshold)
+                    if p_d > threshold:
+                        tl.store(out_row + j, d)
+                        num_acc += 1
+                    else:
+                        emitted = am  # the target's argmax
+                        still = b < 0
+                else:
+                    emitted = am  # bonus: the race winner
+        tl.store(out_row + num_acc, emitted.to(tl.int64))
+        k = tl.arange(0, BLOCK_K)
+        tl.store(out_row + k, tl.full([BLOCK_K], -1, tl.int64), mask=(k > num_acc) & (k <= max_spec_len))
+        tl.store(num_accepted_ptr + b, num_acc.to(tl.int64))
+
+
 def typical_accept_triton(
     draft_token_ids: torch.Tensor,
     cu_num_draft_tokens: torch.Tensor,
@@ -121,6 +218,24 @@ def typical_accept_triton(
     if draft_token_ids.numel() == 0:  # keep the pointer valid; never read
         draft_token_ids = torch.zeros(1, dtype=torch.int64, device=device)
     block_b, block_v, num_warps = _launch_config(V, max_block_v=2048)  # log2 per element: smaller chunks
+    n_chunks = triton.cdiv(V, SPLIT_BLOCK_V)
+    splits = min(n_chunks, _num_programs_target(device) // B) if block_b == 1 else 1
+    if splits > 1 and not LAUNCH_OVERRIDE.get("no_split", False):
+        per_slice = triton.cdiv(n_chunks, splits)
+        splits = triton.cdiv(n_chunks, per_slice)  # no empty slice
+        part_val = torch.empty(B, splits, K + 1, dtype=torch.float32, device=device)
+        part_idx = torch.empty(B, splits, K + 1, dtype=torch.int32, device=device)
+        part_ent = torch.empty(B, splits, K + 1, dtype=torch.float32, device=device)
+        tickets = torch.zeros(B, dtype=torch.int32, device=device)
+        _typical_accept_split_kernel[(B, splits)](
+            out, num_accepted, cu_num_draft_tokens.contiguous(), draft_token_ids, target_probs, exponential_samples,
+            part_val, part_idx, part_ent, tickets,
+            V, K, per_slice * SPLIT_BLOCK_V, float(posterior_threshold), float(posterior_alpha),
+            out.stride(0), target_probs.stride(0), exponential_samples.stride(0),
+            NUM_SPLITS=splits, BLOCK_V=SPLIT_BLOCK_V, BLOCK_K=triton.next_power_of_2(K + 1),
+            BLOCK_S=triton.next_power_of_2(splits), num_warps=4,
+        )
+        return out, num_accepted
     _typical_accept_kernel[(triton.cdiv(B, block_b),)](
         out, num_accepted, cu_num_draft_tokens.contiguous(), draft_token_ids, target_probs, exponential_samples,
         B, V, K, float(posterior_threshold), float(posterior_alpha),
