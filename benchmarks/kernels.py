@@ -178,7 +178,7 @@ def bench_kv_write(T, gen, rows_out, bw, KVH=8, D=128, block_size=16, dtype=torc
     t_tri = bench(lambda: write_kv_to_slots_triton(key, value, kc, vc, slots))
     t_ref = bench(lambda: write_kv_to_slots_reference(key, value, kc2, vc2, slots))
     floor_bytes = 2 * 2 * key.numel() * key.element_size() + T * 8
-    rows_out.append(dict(kernel="kv_write", B=T, ok=ok, triton_us=t_tri * 1e3, ref_us=t_ref * 1e3,
+    rows_out.append(dict(kernel="kv_write", T=T, ok=ok, triton_us=t_tri * 1e3, ref_us=t_ref * 1e3,
                          floor_us=floor_bytes / bw * 1e6))
 
 
@@ -351,7 +351,7 @@ def main():
 
 
 def _fmt(r):
-    shape = " ".join(f"{k}={r[k]}" for k in ("B", "k", "V", "qlen", "ctx") if k in r)
+    shape = " ".join(f"{k}={r[k]}" for k in ("B", "T", "k", "V", "qlen", "ctx") if k in r)
     return (f"{r['kernel']:<22} {shape:<28} ok={r['ok']!s:<5} triton {r['triton_us']:9.1f} us  "
             f"ref {r['ref_us']:10.1f} us  x{r['ref_us'] / r['triton_us']:7.1f}  floor {r['floor_us']:8.1f} us  "
             f"/floor {r['triton_us'] / r['floor_us']:6.2f}")
@@ -361,7 +361,7 @@ def table(rows):
     head = "| kernel | shape | ok | triton us | torch ref us | speedup | floor us | triton/floor |\n|---|---|---|---|---|---|---|---|"
     lines = [head]
     for r in rows:
-        shape = " ".join(f"{k}={r[k]}" for k in ("B", "k", "V", "qlen", "ctx") if k in r)
+        shape = " ".join(f"{k}={r[k]}" for k in ("B", "T", "k", "V", "qlen", "ctx") if k in r)
         lines.append(f"| {r['kernel']} | {shape} | {r['ok']} | {r['triton_us']:.1f} | {r['ref_us']:.1f} | "
                      f"{r['ref_us'] / r['triton_us']:.1f}x | {r['floor_us']:.1f} | {r['triton_us'] / r['floor_us']:.2f} |")
     return "\n".join(lines)
