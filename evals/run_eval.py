@@ -135,7 +135,8 @@ def main(argv=None):
     from accelerate.utils import gather_object
     from tqdm.auto import tqdm
 
-    state = PartialState()
+    # On a machine without an accelerator, cpu=True lets torchrun / accelerate launch run gloo processes.
+    state = PartialState(cpu=not torch.cuda.is_available())
     device = state.device
     dtype = torch.bfloat16 if (args.dtype == "auto" and device.type == "cuda") else (
         torch.float32 if args.dtype == "auto" else getattr(torch, args.dtype))
