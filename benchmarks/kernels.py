@@ -195,17 +195,24 @@ def check_correctness(gen) -> list[str]:
         ([1, 5, 33], [20, 7, 4], 8, 2, 64, 16, torch.bfloat16, 16, 20.0),
         ([1, 5, 300], [200, 7, 4], 32, 8, 128, 16, torch.float16, None, None),
         ([2, 2], [1000, 3], 12, 4, 64, 4, torch.bfloat16, None, None),
-        ([1], [3000], 32, 8, 128, 16, torch.bfloat16, None, None),  # split-KV decode
-        ([1, 5], [2000, 1500], 8, 2, 64, 16, torch.float32, 700, 30.0),  # split-KV verify
+        ([1], [3000], 32, 8, 128, 16, torch.bfloat16, None, None),  # split-KV decode (when enabled)
+        ([1, 5], [2000, 1500], 8, 2, 64, 16, torch.float32, 700, 30.0),  # split-KV verify (when enabled)
     ]
-    for qlens, ctx, H, KVH, D, bs, dtype, window, softcap in cases:
-        args = paged_inputs(qlens, ctx, H, KVH, D, bs, dtype, gen)
-        got = paged_attention_triton(*args, D ** -0.5, window, softcap)
-        want = paged_attention_reference(*args, D ** -0.5, window, softcap)
-        tol = 1e-4 if dtype == torch.float32 else 2e-2
-        err = float((got.float() - want.float()).abs().max())
-        if not err <= tol:
-            failures.append(f"attention {qlens} {H}/{KVH} D{D} bs{bs} {dtype} w{window} cap{softcap}: err {err}")
+    import hf_specdec.kernels.paged_attention_triton as pa
+
+    default_splits = pa.MAX_KV_SPLITS
+    for max_splits in sorted({default_splits, 16}):  # the default, and split-KV forced on
+        pa.MAX_KV_SPLITS = max_splits
+        for qlens, ctx, H, KVH, D, bs, dtype, window, softcap in cases:
+            args = paged_inputs(qlens, ctx, H, KVH, D, bs, dtype, gen)
+            got = paged_attention_triton(*args, D ** -0.5, window, softcap)
+            want = paged_attention_reference(*args, D ** -0.5, window, softcap)
+            tol = 1e-4 if dtype == torch.float32 else 2e-2
+            err = float((got.float() - want.float()).abs().max())
+            if not err <= tol:
+                failures.append(f"attention {qlens} {H}/{KVH} D{D} bs{bs} {dtype} w{window} cap{softcap} "
+                                f"splits<={max_splits}: err {err}")
+    pa.MAX_KV_SPLITS = default_splits
     # KV write, including a float32 -> bfloat16 cast (round to nearest even on the GPU)
     for in_dtype, cache_dtype in [(torch.float32, torch.bfloat16), (torch.float16, torch.float16),
                                   (torch.float32, torch.float32)]:
@@ -339,13 +346,15 @@ def main():
             rows[-1]["kernel"] += "_nosplit"
             emit()
     rs.LAUNCH_OVERRIDE.clear()
-    pa.MAX_KV_SPLITS = 1
+    default_splits = pa.MAX_KV_SPLITS
+    pa.MAX_KV_SPLITS = 1 if default_splits > 1 else 16  # the variant that is not the default
+    tag = "nosplit" if default_splits > 1 else "splitkv"
     for B in (1, 32):
-        bench_attention("decode_nosplit", [1] * B, [ctx] * B, gen, rows, bw)
+        bench_attention(f"decode_{tag}", [1] * B, [ctx] * B, gen, rows, bw)
         emit()
-        bench_attention("verify_k8_nosplit", [9] * B, [ctx] * B, gen, rows, bw)
+        bench_attention(f"verify_k8_{tag}", [9] * B, [ctx] * B, gen, rows, bw)
         emit()
-    pa.MAX_KV_SPLITS = 16
+    pa.MAX_KV_SPLITS = default_splits
     print()
     print(table(rows))
 

@@ -167,6 +167,15 @@ def test_split_kv_decode(dtype, window, softcap):
     """Small batch, long context: keys split over several programs (flash-decoding) and combined."""
     import hf_specdec.kernels.paged_attention_triton as pa
 
+    old = pa.MAX_KV_SPLITS
+    pa.MAX_KV_SPLITS = 16  # off by default (see the module); exercised here
+    try:
+        _split_kv_decode(pa, dtype, window, softcap)
+    finally:
+        pa.MAX_KV_SPLITS = old
+
+
+def _split_kv_decode(pa, dtype, window, softcap):
     gen = torch.Generator().manual_seed(33)
     qlens, ctx = [1, 3], [1100, 700]
     H, KVH, D, bs = 8, 2, 64, 16
@@ -176,10 +185,7 @@ def test_split_kv_decode(dtype, window, softcap):
     assert pa._num_kv_splits(programs, args[3].shape[1] * bs, block_n, torch.device("cpu")) > 1
     _check(args, D ** -0.5, window, softcap)
     split = paged_attention_triton(*args, D ** -0.5, window, softcap)
-    old = pa.MAX_KV_SPLITS
-    try:
-        pa.MAX_KV_SPLITS = 1
-        whole = paged_attention_triton(*args, D ** -0.5, window, softcap)
-    finally:
-        pa.MAX_KV_SPLITS = old
+    pa.MAX_KV_SPLITS = 1
+    whole = paged_attention_triton(*args, D ** -0.5, window, softcap)
+    pa.MAX_KV_SPLITS = 16
     torch.testing.assert_close(split.float(), whole.float(), atol=TOL[dtype], rtol=TOL[dtype])

@@ -295,8 +295,11 @@ def paged_attention_triton(
     return out
 
 
-# Set to 1 to turn the split-KV (flash-decoding) path off.
-MAX_KV_SPLITS = 16
+# Split-KV (flash-decoding) is off by default: on an H200 (benchmarks/kernels.py, 2026-11-22)
+# the extra launch and partials cost more than they saved at ctx 1024 (B=1 decode 80 us split
+# vs 59 us whole, B=32 verify k=8 81 vs 66 us; only B=32 decode gained, 56 vs 70 us).
+# Set to e.g. 16 to enable it for long contexts at small batch.
+MAX_KV_SPLITS = 1
 
 
 def _num_kv_splits(programs: int, max_context: int, block_n: int, device: torch.device) -> int:
