@@ -43,30 +43,12 @@ import traceback
 
 import torch
 
-# This directory holds benchmarks/kernels.py, which would shadow the `kernels` package that
-# transformers probes at import time: take the directory off sys.path and load common.py by path.
 _HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
-
-
-def _load_common():
-    import importlib.util
-
-    name = "_hf_specdec_bench_common"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, os.path.join(_HERE, "common.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_c = _load_common()
-REPO_ROOT, Timer, acceptance_length_histogram = _c.REPO_ROOT, _c.Timer, _c.acceptance_length_histogram
-aggregate_metrics, expected_tokens_per_round, find_humaneval = _c.aggregate_metrics, _c.expected_tokens_per_round, _c.find_humaneval
-load_pair, metrics_dict, pick_device, pick_dtype = _c.load_pair, _c.metrics_dict, _c.pick_device, _c.pick_dtype
-read_jsonl, spec_available, sync, valid_new_tokens = _c.read_jsonl, _c.spec_available, _c.sync, _c.valid_new_tokens
+sys.path.insert(0, os.path.dirname(_HERE))  # the repository root, for benchmarks.common
+from benchmarks.common import (  # noqa: E402
+    REPO_ROOT, Timer, acceptance_length_histogram, aggregate_metrics, expected_tokens_per_round, find_humaneval,
+    load_pair, metrics_dict, pick_device, pick_dtype, read_jsonl, spec_available, sync, valid_new_tokens,
+)
 
 
 def parse_args(argv=None):

@@ -28,25 +28,11 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _load_common():
-    # load benchmarks/common.py by path: putting benchmarks/ on sys.path would let
-    # benchmarks/kernels.py shadow the `kernels` package that transformers probes
-    import importlib.util
-
-    name = "_hf_specdec_bench_common"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(HERE), "benchmarks", "common.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_c = _load_common()
-Timer, acceptance_length_histogram, aggregate_metrics = _c.Timer, _c.acceptance_length_histogram, _c.aggregate_metrics
-find_humaneval, load_pair, metrics_dict = _c.find_humaneval, _c.load_pair, _c.metrics_dict
-spec_available, valid_new_tokens = _c.spec_available, _c.valid_new_tokens
+sys.path.insert(0, os.path.dirname(HERE))  # the repository root, for benchmarks.common
+from benchmarks.common import (  # noqa: E402
+    Timer, acceptance_length_histogram, aggregate_metrics, find_humaneval, load_pair, metrics_dict,
+    spec_available, valid_new_tokens,
+)
 
 
 def parse_args(argv=None):

@@ -1,6 +1,6 @@
 """GPU micro-benchmark of the hf_specdec kernels: Triton vs torch reference vs the memory floor.
 
-    python benchmarks/kernels.py --out kernels.json [--quick] [--skip-check]
+    python benchmarks/kernel_bench.py --out kernels.json [--quick] [--skip-check]
 
 For each kernel and shape: check the Triton output against the torch reference (exact
 ids for the samplers, exact KV writes, allclose attention), then time both with
