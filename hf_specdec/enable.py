@@ -4,12 +4,15 @@ transformers does not forward ``assistant_model`` or ``streamer`` to a ``custom_
 callable, so the wrapper moves them under the callable's own parameter names
 (``draft_model``, ``spec_streamer``) and lets transformers do all its usual preparation.
 Without ``spec_config`` the call goes to the original ``generate`` untouched.
+
+transformers also drops ``tokenizer`` on that path, which stop strings need, so the
+wrapper turns stop strings into Hugging Face's own ``StopStringCriteria`` itself.
 """
 from __future__ import annotations
 
 import functools
 
-from transformers import PreTrainedModel
+from transformers import PreTrainedModel, StoppingCriteriaList, StopStringCriteria
 
 from .generate import speculative_generate
 
@@ -25,6 +28,7 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
             return original(*args, **kwargs)
         if kwargs.get("custom_generate") is not None:
             raise ValueError("spec_config and custom_generate cannot be combined: spec_config already uses it.")
+        _stop_strings_as_criteria(model, kwargs)
         kwargs["draft_model"] = kwargs.pop("assistant_model", None)
         streamer = kwargs.pop("streamer", None)
         if streamer is not None:
@@ -34,3 +38,17 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
     generate._hf_specdec_enabled = True
     model.generate = generate
     return model
+
+
+def _stop_strings_as_criteria(model: PreTrainedModel, kwargs: dict) -> None:
+    config = kwargs.get("generation_config") or model.generation_config
+    stop_strings = kwargs.pop("stop_strings", None) or getattr(config, "stop_strings", None)
+    tokenizer = kwargs.pop("tokenizer", None)
+    if not stop_strings:
+        return
+    if tokenizer is None:
+        raise ValueError("stop_strings need the model's tokenizer: pass tokenizer=<tokenizer> to generate().")
+    criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
+    criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
+    kwargs["stopping_criteria"] = criteria
+    kwargs["stop_strings"] = None  # also overrides stop strings set in the generation config

@@ -137,3 +137,27 @@ def test_num_return_sequences_expands_batch(targets):
                           num_return_sequences=3, max_new_tokens=6, top_k=0)
     assert out.shape[0] == 6
     assert torch.equal(out[:, : ids.shape[1]], ids.repeat_interleave(3, dim=0))
+
+
+def test_stop_strings_cut_inside_accepted_run():
+    """transformers drops `tokenizer` on the custom_generate path; enable() rebuilds the stop-string criterion."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    raw = ByteLevelBPETokenizer()
+    raw.train_from_iterator(["def add(a, b):\n    return a + b\n" * 50], vocab_size=300, min_frequency=1)
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw._tokenizer, pad_token="!", eos_token='"')
+    target = hf_specdec.enable(make_model("llama", seed=5, vocab=len(tok)))
+    ids, mask = left_padded_prompts(3, seed=21, vocab=len(tok))
+    plain = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW, tokenizer=tok)
+    generated = plain[2, ids.shape[1]:].tolist()
+    stop = next(t for t in (tok.decode([g]) for g in generated[2:]) if t.strip().isalnum())
+    kw = dict(do_sample=False, max_new_tokens=MAX_NEW, stop_strings=[stop], tokenizer=tok)
+    expected = target.generate(input_ids=ids, attention_mask=mask, **kw)
+    out = target.generate(input_ids=ids, attention_mask=mask, assistant_model=make_draft(target, "full"),
+                          spec_config=hf_specdec.SpecConfig(num_speculative_tokens=6), **kw)
+    assert torch.equal(out, expected)
+    assert expected.shape != plain.shape or (expected != plain).any()  # the stop string really cut
+    with pytest.raises(ValueError, match="tokenizer"):
+        target.generate(input_ids=ids, attention_mask=mask, assistant_model=make_draft(target, "full"),
+                        spec_config=hf_specdec.SpecConfig(), do_sample=False, max_new_tokens=4, stop_strings=[stop])
