@@ -36,6 +36,26 @@ import torch
 PLACEHOLDER_TOKEN_ID = -1
 
 
+def padded_view(draft_token_ids, cu_num_draft_tokens, target_probs, K: int):
+    """The flattened ragged layout as padded ``(B, K)`` tensors: per-sequence draft counts, validity
+    mask, flat draft index, draft ids (0 where invalid), target probs ``(B, K+1, V)`` (rows past k_b
+    repeat the bonus row) and the target probability of each draft."""
+    B, N = cu_num_draft_tokens.shape[0], draft_token_ids.shape[0]
+    device = target_probs.device
+    cu = cu_num_draft_tokens.long()
+    starts = torch.cat([cu.new_zeros(1), cu[:-1]])
+    counts = cu - starts
+    j = torch.arange(K, device=device)
+    valid = j[None, :] < counts[:, None]
+    flat = (starts[:, None] + j[None, :]).clamp(max=max(N - 1, 0))
+    draft = torch.where(valid, draft_token_ids.long()[flat] if N else flat, torch.zeros_like(flat))
+    jj = torch.arange(K + 1, device=device)
+    target_rows = starts[:, None] + torch.arange(B, device=device)[:, None] + torch.minimum(jj[None, :], counts[:, None])
+    p = target_probs.float()[target_rows]
+    p_draft = p[:, :K].gather(-1, draft[..., None]).squeeze(-1)
+    return counts, valid, flat, draft, p, p_draft
+
+
 def rejection_sample_reference(
     draft_token_ids: torch.Tensor,
     cu_num_draft_tokens: torch.Tensor,
@@ -46,23 +66,10 @@ def rejection_sample_reference(
     uniform_samples: torch.Tensor,
     exponential_samples: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    B = cu_num_draft_tokens.shape[0]
-    N = draft_token_ids.shape[0]
-    K = int(max_spec_len)
+    B, N, K = cu_num_draft_tokens.shape[0], draft_token_ids.shape[0], int(max_spec_len)
     device = target_probs.device
-    cu = cu_num_draft_tokens.long()
-    starts = torch.cat([cu.new_zeros(1), cu[:-1]])
-    counts = cu - starts
-
-    j = torch.arange(K, device=device)
-    valid = j[None, :] < counts[:, None]  # (B, K)
-    flat = (starts[:, None] + j[None, :]).clamp(max=max(N - 1, 0))
-    draft = torch.where(valid, draft_token_ids.long()[flat] if N else flat, torch.zeros_like(flat))
-
+    counts, valid, flat, draft, p, p_draft = padded_view(draft_token_ids, cu_num_draft_tokens, target_probs, K)
     jj = torch.arange(K + 1, device=device)
-    target_rows = starts[:, None] + torch.arange(B, device=device)[:, None] + torch.minimum(jj[None, :], counts[:, None])
-    p = target_probs.float()[target_rows]  # (B, K+1, V); rows past k_b repeat the bonus row
-    p_draft = p[:, :K].gather(-1, draft[..., None]).squeeze(-1)  # (B, K)
     if draft_probs is None:
         q_draft = torch.ones_like(p_draft)
     else:

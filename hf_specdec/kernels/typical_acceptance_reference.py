@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .rejection_sampler_reference import PLACEHOLDER_TOKEN_ID
+from .rejection_sampler_reference import PLACEHOLDER_TOKEN_ID, padded_view
 
 
 def typical_accept_reference(
@@ -33,23 +33,10 @@ def typical_accept_reference(
     posterior_alpha: float,
     exponential_samples: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    B = cu_num_draft_tokens.shape[0]
-    N = draft_token_ids.shape[0]
-    K = int(max_spec_len)
+    B, K = cu_num_draft_tokens.shape[0], int(max_spec_len)
     device = target_probs.device
-    cu = cu_num_draft_tokens.long()
-    starts = torch.cat([cu.new_zeros(1), cu[:-1]])
-    counts = cu - starts
-
-    j = torch.arange(K, device=device)
-    valid = j[None, :] < counts[:, None]  # (B, K)
-    flat = (starts[:, None] + j[None, :]).clamp(max=max(N - 1, 0))
-    draft = torch.where(valid, draft_token_ids.long()[flat] if N else flat, torch.zeros_like(flat))
-
+    counts, valid, flat, draft, p, p_draft = padded_view(draft_token_ids, cu_num_draft_tokens, target_probs, K)
     jj = torch.arange(K + 1, device=device)
-    target_rows = starts[:, None] + torch.arange(B, device=device)[:, None] + torch.minimum(jj[None, :], counts[:, None])
-    p = target_probs.float()[target_rows]  # (B, K+1, V); rows past k_b repeat the bonus row
-    p_draft = p[:, :K].gather(-1, draft[..., None]).squeeze(-1)  # (B, K)
 
     entropy = -torch.special.xlogy(p[:, :K], p[:, :K]).sum(-1)  # (B, K)
     threshold = torch.clamp(posterior_alpha * torch.exp(-entropy), max=posterior_threshold)
