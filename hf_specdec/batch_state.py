@@ -63,14 +63,23 @@ class SequenceBatch:
         lens = [self.end(b) + j for b in rows for j in range(num_positions)]
         return flat_rows, lens
 
-    def gather(self, rows: list[int], starts: list[int], counts: list[int]) -> torch.Tensor:
-        """Packed tokens ``tokens[b, s : s + n]`` of each row, ``(sum counts,)``."""
+    def _spans(self, rows: list[int], starts: list[int], counts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row and column indices of the spans ``tokens[b, s : s + n]``, packed."""
         r = [b for b, n in zip(rows, counts) for _ in range(n)]
         c = [s + i for s, n in zip(starts, counts) for i in range(n)]
-        return self.tokens[torch.tensor(r, device=self.device), torch.tensor(c, device=self.device)]
+        return torch.tensor(r, device=self.device), torch.tensor(c, device=self.device)
+
+    def gather(self, rows: list[int], starts: list[int], counts: list[int]) -> torch.Tensor:
+        """Packed tokens ``tokens[b, s : s + n]`` of each row, ``(sum counts,)``."""
+        return self.tokens[self._spans(rows, starts, counts)]
 
     def write(self, rows_t: torch.Tensor, columns: torch.Tensor, values: torch.Tensor) -> None:
         self.tokens[rows_t, columns] = values
+
+    def append_runs(self, rows: list[int], runs: list[list[int]]) -> None:
+        """Write each row's ``run`` right after its committed tokens (lengths are not changed)."""
+        flat = torch.tensor([t for run in runs for t in run], device=self.device)
+        self.tokens[self._spans(rows, [self.end(b) for b in rows], [len(run) for run in runs])] = flat
 
     def sequences(self, pad_token_id: int) -> torch.Tensor:
         """Plain generate's output: prompts plus generated tokens, padded to the longest row."""

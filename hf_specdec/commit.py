@@ -34,20 +34,16 @@ class Committer:
                scores: torch.Tensor, raw_logits: Optional[torch.Tensor], positions: int) -> list[int]:
         """Commit ``runs[i]`` to row ``rows[i]``; ``scores``/``raw_logits`` hold ``positions`` rows per
         batch row (row ``i*positions + j`` scored token ``j`` of run ``i``). Returns rows that finished."""
-        device = batch.device
         # Write every run in full (drafts are already there; the last token is not), then cut.
-        r = [b for b, run in zip(rows, runs) for _ in run]
-        c = [batch.end(b) + j for b, run in zip(rows, runs) for j in range(len(run))]
-        flat = [t for run in runs for t in run]
-        batch.write(torch.tensor(r, device=device), torch.tensor(c, device=device), torch.tensor(flat, device=device))
+        batch.append_runs(rows, runs)
 
         keep = []
         for b, run in zip(rows, runs):
             n = min(len(run), batch.max_new_tokens - batch.gen_len[b])
             eos_at = next((j for j, t in enumerate(run[:n]) if t in self.eos), None)
             keep.append(n if eos_at is None else eos_at + 1)
-        stopped = [n < len(run) or batch.gen_len[b] + n >= batch.max_new_tokens or
-                   (n > 0 and run[n - 1] in self.eos) for b, run, n in zip(rows, runs, keep)]
+        stopped = [batch.gen_len[b] + n >= batch.max_new_tokens or (n > 0 and run[n - 1] in self.eos)
+                   for b, run, n in zip(rows, runs, keep)]
         if self.criteria:
             self._apply_criteria(batch, rows, keep, stopped, scores, positions)
 

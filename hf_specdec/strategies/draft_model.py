@@ -48,13 +48,13 @@ class DraftModelProposer:
         queries = torch.tensor(pending, device=device)
 
         input_ids = batch.gather(rows, [batch.end(b) - p for b, p in zip(rows, pending)], pending)
+        flat_rows, history = batch.history_lens(rows, 1)
         drafts, probs = [], []
         for j in range(k):
             step = self.cache.batch(rows_t, context, queries, max(pending) if j == 0 else 1, input_ids.shape[0])
             last = step.query_start_loc[1:].long() - 1
             logits = align_vocab(paged_forward(self.model, input_ids, step, last), self.vocab_size)
-            flat_rows, lens = batch.history_lens(rows, 1)
-            lens = [n + j for n in lens]
+            lens = [n + j for n in history]
             tokens, q = choose_tokens(self.logits(logits, batch.tokens, flat_rows, lens), self.do_sample, self.generator)
             batch.write(rows_t, ends + j, tokens)
             drafts.append(tokens)
