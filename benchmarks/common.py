@@ -139,8 +139,9 @@ def aggregate_metrics(dicts: list[dict]) -> dict:
     if not dicts:
         return {}
     agg = {}
-    for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_rounds",
-                "propose_seconds", "score_seconds", "verify_seconds"):
+    for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_rounds", "num_emitted_tokens",
+                "propose_seconds", "score_seconds", "verify_seconds", "prefill_seconds", "round_seconds",
+                "total_seconds", "warmup_seconds", "decode_seconds"):
         vals = [d.get(key) for d in dicts if d.get(key) is not None]
         if vals:
             agg[key] = sum(vals)
@@ -179,7 +180,13 @@ def acceptance_length_histogram(agg: dict, k: int) -> list[float] | None:
     return [max(0.0, h) for h in hist]
 
 
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of a model's parameters (tied weights counted once): what one forward reads at least."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
 def expected_tokens_per_round(alpha: float, k: int) -> float:
+    """Tokens a row commits per round when each draft token is accepted with probability alpha."""
     if alpha >= 1.0 - 1e-9:
         return float(k + 1)
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)

@@ -1,41 +1,37 @@
 #!/usr/bin/env python
-"""End-to-end benchmark: plain HF generate vs HF assisted generation vs hf_specdec.
+"""End-to-end benchmark: plain HF generate, HF assisted generation, hf_specdec.
 
 One run, the same prompts and the same max_new_tokens for every method:
 
-  plain_eager      HF generate, dynamic cache, eager                         (every batch size)
-  plain_compiled   HF generate, cache_implementation="static" -> auto torch.compile (every batch size)
-  assisted         HF assisted generation (assistant_model=), batch 1 only: the draft's default
-                   settings and a constant num_assistant_tokens sweep
-  hf_specdec       hf_specdec.enable(target); generate(spec_config=SpecConfig(k)) (every batch size)
+  plain_eager     HF generate, dynamic cache, eager                              (every batch size)
+  plain_compiled  HF generate, cache_implementation="static" -> auto torch.compile (every batch size)
+  hf_assisted     HF assisted generation, batch 1 only: the draft's default settings and
+                  constant num_assistant_tokens (--assisted-sweep)
+  hf_specdec      "eager k=K": SpecConfig(k, bucketed=False), the ragged eager path (--no-spec-eager skips it)
+                  "fast k=K":  SpecConfig(k), the default: runner + CUDA graphs + compile on CUDA
+                  (on CPU it runs eager; --fast-bucketed forces the runner there)
+  runner_plain    "k=0": SpecConfig(num_speculative_tokens=0), no draft: plain decoding on the same runner
 
-for greedy and sampling (temperature 1, top_k 0, top_p 1).  For each batch size b
-the prompts are the first n_b of the pool (n_b = max(b, --min-prompts) rounded up
-to a multiple of b), all left-padded to ONE length so that every batch has the
-same shape.  Throughput = generated tokens (up to and including EOS) / wall time,
-median over --repeats after one warm-up pass; times are taken between
-torch.cuda.synchronize() calls.
+for greedy and sampling (temperature 1, top_k 0, top_p 1).  For each batch size b the prompts
+are the first n_b of the pool (n_b = max(b, --min-prompts) rounded up to a multiple of b), all
+left-padded to ONE length.  Each row: warm-up calls (not timed; rows on the runner also warm
+up every smaller bucket their rows shrink into), then --repeats timed passes over all batches;
+tokens/s = generated tokens (up to and including EOS) / wall time, median over passes.
+Rows run in the order the final summary needs them (plain_compiled; fast and k=0; eager
+speculative; plain_eager; hf_assisted); rows not started within --deadline-s are skipped.
+hf_specdec rows and stage costs: e2e_spec.py.  Derived figures (ideal speedup, efficiency,
+bandwidth, time outside forwards), tables, summary and JSON: e2e_report.py.  docs/evals.md, section 2.
 
-The ideal speedup of speculation, from the measured acceptance rate alpha and the
-measured costs of the model forwards at that batch size (eager, dynamic cache,
-prompt in the cache):
-
-    E = (1 - alpha^(k+1)) / (1 - alpha)                  tokens per round
-    ideal = E / (k * c_draft_step + c_target_verify(k+1)) * c_target_step
-
-efficiency = measured speedup over plain_eager / ideal.
-
-GPU:  python benchmarks/e2e.py --target runs/pair/target --draft runs/pair/draft --out e2e.json
-CPU smoke: python benchmarks/e2e.py --build-tiny --batch-sizes 1,2 --max-new-tokens 16 --num-prompts 4 --repeats 1
+GPU:  python benchmarks/e2e.py --target runs/pair/target --draft runs/pair/draft --out $OUT/e2e.json
+CPU smoke: python benchmarks/e2e.py --build-tiny --batch-sizes 1,2 --max-new-tokens 16 --num-prompts 4 \\
+           --repeats 1 --fast-bucketed --out /tmp/e2e.json
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -44,11 +40,13 @@ import traceback
 import torch
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(_HERE))  # the repository root, for benchmarks.common
+sys.path.insert(0, os.path.dirname(_HERE))  # the repository root, for benchmarks.*
 from benchmarks.common import (  # noqa: E402
-    REPO_ROOT, Timer, acceptance_length_histogram, aggregate_metrics, expected_tokens_per_round, find_humaneval,
-    load_pair, metrics_dict, pick_device, pick_dtype, read_jsonl, spec_available, sync, valid_new_tokens,
+    REPO_ROOT, Timer, find_humaneval, load_pair, metrics_dict, pick_device, pick_dtype, read_jsonl, spec_available,
+    valid_new_tokens,
 )
+from benchmarks.e2e_report import finish_report, new_report, write_json  # noqa: E402
+from benchmarks.e2e_spec import run_spec, spec_fields  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -66,23 +64,32 @@ def parse_args(argv=None):
     p.add_argument("--min-prompts", type=int, default=4, help="prompts used at least per batch size")
     p.add_argument("--max-prompt-tokens", type=int, default=256, help="prompts keep their last N tokens")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--batch-sizes", default="1,8,32")
+    p.add_argument("--batch-sizes", default="1,32")
     p.add_argument("--modes", default="greedy,sample")
     p.add_argument("--k", default="4", help="num_speculative_tokens for hf_specdec, comma list for a sweep")
-    p.add_argument("--assisted-sweep", default="3,5,8", help="constant num_assistant_tokens values ('' = none)")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--assisted-sweep", default="4", help="constant num_assistant_tokens values ('' = none)")
+    p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--no-compile", action="store_true", help="skip the static-cache + torch.compile baseline")
     p.add_argument("--force-compile", action="store_true",
                    help="auto-compile even on CPU (transformers compiles only on accelerators by default)")
     p.add_argument("--no-assisted", action="store_true")
-    p.add_argument("--no-spec", action="store_true")
+    p.add_argument("--no-spec", action="store_true", help="skip hf_specdec and runner_plain")
+    p.add_argument("--no-spec-eager", action="store_true", help="skip the hf_specdec 'eager k=K' rows")
+    p.add_argument("--fast-bucketed", action="store_true",
+                   help="'fast' and 'k=0' rows force SpecConfig(bucketed=True): the runner without graphs on CPU")
+    p.add_argument("--stage-repeats", type=int, default=50, help="replays per piece in time_stages (CUDA only)")
+    p.add_argument("--deadline-s", type=float, default=520.0,
+                   help="rows not started this many seconds after the start are skipped (0 = no deadline)")
     p.add_argument("--ignore-eos", action="store_true", help="min_new_tokens = max_new_tokens for every method")
-    p.add_argument("--primitive-iters", type=int, default=20)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu) | float32 | bfloat16 | float16")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="e2e.json")
     return p.parse_args(argv)
+
+
+def int_list(text):
+    return [int(x) for x in text.split(",") if x.strip()]
 
 
 # --------------------------------------------------------------------------- #
@@ -121,84 +128,177 @@ def gen_kwargs(mode, args, tok):
     return kw
 
 
-def timed_method(name, call, batches, args, device, tok, prompt_len, record_outputs=True):
-    """Warm-up on the first batch, then --repeats timed passes over all batches."""
+def spec_metrics_of(out):
+    return metrics_dict(getattr(out, "spec_metrics", None))
+
+
+def count_tokens(results, tok, prompt_len):
+    """Generated tokens of every row of these outputs, and the rows themselves."""
+    rows = [valid_new_tokens(row.cpu(), prompt_len, tok.eos_token_id, tok.pad_token_id)
+            for res in results for row in res.sequences]
+    return sum(len(r) for r in rows), rows
+
+
+def timed_method(call, batches, warmup_batches, args, device, tok, prompt_len):
+    """Warm-up calls (not timed), then --repeats timed passes over all batches."""
     torch.manual_seed(args.seed)
-    warm_t = time.perf_counter()
-    call(batches[0])
-    sync(device)
-    warm_s = time.perf_counter() - warm_t
-    times, tokens, outs, metrics = [], None, None, []
+    with Timer(device) as warm:
+        warm_metrics = [spec_metrics_of(call(x)) for x in warmup_batches]
+    times, tokens, outputs, timed_metrics = [], [], None, []
     for r in range(args.repeats):
         torch.manual_seed(args.seed + 1 + r)
-        total_tokens = 0
-        rows = []
-        call_metrics = []
         with Timer(device) as t:
-            results = [call(b) for b in batches]
-        for res in results:
-            seqs = res.sequences
-            for row in seqs:
-                new = valid_new_tokens(row.cpu(), prompt_len, tok.eos_token_id, tok.pad_token_id)
-                total_tokens += len(new)
-                rows.append(new)
-            m = getattr(res, "spec_metrics", None)
-            if m is not None:
-                call_metrics.append(metrics_dict(m))
+            results = [call(x) for x in batches]
+        n, rows = count_tokens(results, tok, prompt_len)
         times.append(t.seconds)
-        if r == 0:
-            tokens, outs, metrics = total_tokens, rows, call_metrics
-    med = statistics.median(times)
+        tokens.append(n)
+        outputs = outputs if outputs is not None else rows
+        timed_metrics += [spec_metrics_of(res) for res in results]
     return {
-        "warmup_seconds": warm_s,
+        "warmup_calls": len(warmup_batches),
+        "warmup_call_seconds": warm.seconds,
         "seconds_all": times,
-        "seconds_median": med,
-        "new_tokens": tokens,
-        "tokens_per_s": tokens / med if med > 0 else float("nan"),
-        "outputs": outs if record_outputs else None,
-        "call_metrics": metrics,
-    }
-
-
-@torch.no_grad()
-def measure_primitives(target, draft, ids, mask, ks, iters, device):
-    """Median seconds of eager forwards with the prompt in a DynamicCache."""
-    from transformers import DynamicCache
-
-    res = {}
-    b, P = ids.shape
-
-    def cost(model, q):
-        cache = DynamicCache()
-        model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
-        x = ids[:, -q:].contiguous() if q <= P else ids[:, -1:].repeat(1, q)
-        am = torch.cat([mask, torch.ones(b, q, dtype=mask.dtype, device=mask.device)], dim=1)
-        ts = []
-        for i in range(iters + 3):
-            with Timer(device) as t:
-                model(input_ids=x, attention_mask=am, past_key_values=cache, use_cache=True)
-            cache.crop(-q)
-            if i >= 3:
-                ts.append(t.seconds)
-        return statistics.median(ts)
-
-    res["c_target_step"] = cost(target, 1)
-    res["c_draft_step"] = cost(draft, 1)
-    for k in ks:
-        res[f"c_target_verify_k{k}"] = cost(target, k + 1)
-    return res
-
-
-def identical_share(a, b):
-    if not a or not b or len(a) != len(b):
-        return None
-    return sum(1 for x, y in zip(a, b) if x == y) / len(a)
+        "seconds_median": statistics.median(times),
+        "new_tokens": tokens[0],
+        "new_tokens_all": tokens,
+        "tokens_per_s": statistics.median(n / t for n, t in zip(tokens, times)),
+        "outputs": outputs,
+    }, [m for m in warm_metrics if m], [m for m in timed_metrics if m]
 
 
 # --------------------------------------------------------------------------- #
-def main(argv=None):
-    t_start = time.perf_counter()
-    args = parse_args(argv)
+class Bench:
+    """The loaded pair, the prompts, and the rows run so far."""
+
+    def __init__(self, args, device, tok, target, draft, ids, mask, report, t_start):
+        self.args, self.device, self.tok, self.target, self.draft = args, device, tok, target, draft
+        self.ids, self.mask, self.P = ids, mask, ids.shape[1]
+        self.report, self.results, self.errors = report, report["results"], report["errors"]
+        self.batch_sizes, self.ks = int_list(args.batch_sizes), int_list(args.k)
+        self.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+        self.t_start, self.notes = t_start, set()
+
+    def batches_for(self, b):
+        n = max(b, self.args.min_prompts)
+        n = ((n + b - 1) // b) * b
+        n = min(n, (self.ids.shape[0] // b) * b)
+        if n < b:
+            return None
+        return [(self.ids[i : i + b], self.mask[i : i + b]) for i in range(0, n, b)]
+
+    def configs(self):
+        """(b, mode, batches) for every batch size the pool can fill, and every mode."""
+        for b in self.batch_sizes:
+            batches = self.batches_for(b)
+            for mode in self.modes if batches else ():
+                yield b, mode, batches
+
+    def note(self, text):
+        """Print a note once."""
+        if text not in self.notes:
+            self.notes.add(text)
+            print(f"[e2e] note: {text}", flush=True)
+
+    def elapsed(self):
+        return time.perf_counter() - self.t_start
+
+    def run(self, method, variant, b, mode, call, batches, warmup_batches=None, extra=None, k=None):
+        entry = {"method": method, "variant": variant, "batch_size": b, "mode": mode, "num_prompts": len(batches) * b}
+        entry.update(extra or {})
+        deadline = self.args.deadline_s
+        if deadline and self.elapsed() > deadline:
+            entry["skipped"] = f"not started: {self.elapsed():.0f} s > --deadline-s {deadline:g}"
+            return self.record(entry)
+        try:
+            timed, warm_m, timed_m = timed_method(call, batches, warmup_batches or batches[:1], self.args,
+                                                  self.device, self.tok, self.P)
+            entry.update(timed)
+            if k is not None:
+                entry.update(spec_fields(warm_m, timed_m, self.args.repeats, k))
+        except Exception as exc:  # record and go on: the numbers are what they are
+            self.fail(entry, exc)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return self.record(entry)
+
+    def fail(self, entry, exc):
+        entry["error"] = f"{type(exc).__name__}: {exc}"
+        entry["traceback"] = traceback.format_exc()[-3000:]
+        self.errors.append({key: entry.get(key) for key in ("method", "variant", "batch_size", "mode", "error")})
+
+    def record(self, entry):
+        self.results.append(entry)
+        if entry.get("tokens_per_s"):
+            status = f"{entry['tokens_per_s']:9.1f} tok/s"
+        else:
+            status = f"SKIPPED {entry['skipped']}" if entry.get("skipped") else f"ERROR {entry.get('error', '')[:120]}"
+        if "fast_path" in entry:
+            status += (f"  [{entry['fast_path']}] warm-up {entry['warmup_seconds']:.1f} s, timed calls' warm-up "
+                       f"{entry['timed_warmup_seconds']:.2f} s, {entry['num_rounds']:.0f} rounds / pass")
+        print(f"[e2e {self.elapsed():6.1f}s] {entry['method']:<15} {entry['variant']:<16} b={entry['batch_size']:<3} "
+              f"{entry['mode']:<6} {status}", flush=True)
+        write_json(self.args.out, self.report)  # a run cut short still leaves its rows
+        return entry
+
+    def gen_kwargs(self, mode):
+        return gen_kwargs(mode, self.args, self.tok)
+
+    def generate(self, x, kw, **extra):
+        return self.target.generate(input_ids=x[0], attention_mask=x[1], **kw, **extra)
+
+
+# --------------------------------------------------------------------------- #
+def run_plain(bench, compiled):
+    from transformers import CompileConfig
+
+    for b, mode, batches in bench.configs():
+        kw = gen_kwargs(mode, bench.args, bench.tok)
+        if not compiled:
+            bench.run("plain_eager", "dynamic_cache", b, mode, lambda x, kw=kw: bench.generate(x, kw), batches)
+            continue
+        cc = CompileConfig()
+        if bench.args.force_compile:
+            cc._compile_all_devices = True
+        kw.update(cache_implementation="static", compile_config=cc)
+        entry = bench.run("plain_compiled", "static_cache+compile", b, mode,
+                          lambda x, kw=kw: bench.generate(x, kw), batches)
+        entry["compiled"] = hasattr(bench.target, "_compiled_call")
+        if not entry["compiled"]:
+            entry["note"] = ("transformers did not compile the forward (it auto-compiles only on "
+                             "accelerators; use --force-compile on CPU): static cache, eager")
+
+
+def run_assisted(bench):
+    """Batch 1: the draft's default settings, then each constant of --assisted-sweep (sampling: the best one)."""
+    args, draft = bench.args, bench.draft
+    batches = bench.batches_for(1)
+    saved = copy.deepcopy(draft.generation_config)
+    variants = [("default", {})] + [
+        (f"const_{n}", {"num_assistant_tokens": n, "num_assistant_tokens_schedule": "constant",
+                        "assistant_confidence_threshold": 0.0}) for n in int_list(args.assisted_sweep)]
+    greedy_best = None
+    for mode in bench.modes:
+        for name, settings in variants:
+            if mode != "greedy" and greedy_best is not None and name not in ("default", greedy_best):
+                continue  # sampling: default settings and the best constant from the greedy sweep
+            draft.generation_config = copy.deepcopy(saved)
+            for key, val in settings.items():
+                setattr(draft.generation_config, key, val)
+            kw = gen_kwargs(mode, args, bench.tok)
+            eff = {key: getattr(draft.generation_config, key, None) for key in
+                   ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
+            bench.run("hf_assisted", name, 1, mode, lambda x, kw=kw: bench.generate(x, kw, assistant_model=draft),
+                      batches, extra={"assistant_settings": eff})
+        if mode == "greedy":
+            cands = [r for r in bench.results if r["method"] == "hf_assisted" and r["mode"] == "greedy"
+                     and r["variant"] != "default" and r.get("tokens_per_s")]
+            if cands:
+                greedy_best = max(cands, key=lambda r: r["tokens_per_s"])["variant"]
+    draft.generation_config = saved
+
+
+# --------------------------------------------------------------------------- #
+def load(args):
     if args.build_tiny:
         sys.path.insert(0, os.path.join(REPO_ROOT, "evals"))
         import build_pair
@@ -209,249 +309,45 @@ def main(argv=None):
         args.draft = args.draft or os.path.join(args.tiny_dir, "draft")
     if not args.target or not args.draft:
         raise SystemExit("pass --target and --draft (or --build-tiny)")
-
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     tok, target, draft = load_pair(args.target, args.draft, device, dtype)
-    pool, sources, all_ids, all_mask, prompt_paths = build_prompt_pool(args, tok)
-    all_ids, all_mask = all_ids.to(device), all_mask.to(device)
-    P = all_ids.shape[1]
-    batch_sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    ks = [int(x) for x in args.k.split(",") if x.strip()]
-    sweep = [int(x) for x in args.assisted_sweep.split(",") if x.strip()]
-    n_target = sum(p.numel() for p in target.parameters())
-    n_draft = sum(p.numel() for p in draft.parameters())
-    print(f"[e2e] device {device} dtype {dtype}; target {n_target/1e6:.1f}M, draft {n_draft/1e6:.1f}M params; "
-          f"{len(pool)} prompts padded to {P} tokens; max_new_tokens {args.max_new_tokens}", flush=True)
+    return device, dtype, tok, target, draft
 
-    def batches_for(b):
-        n = max(b, args.min_prompts)
-        n = ((n + b - 1) // b) * b
-        n = min(n, (len(pool) // b) * b)
-        if n < b:
-            return None
-        return [(all_ids[i : i + b], all_mask[i : i + b]) for i in range(0, n, b)]
 
-    results, errors = [], []
+def main(argv=None):
+    t_start = time.perf_counter()
+    args = parse_args(argv)
+    device, dtype, tok, target, draft = load(args)
+    pool, sources, ids, mask, prompt_paths = build_prompt_pool(args, tok)
+    report = new_report(args, device, dtype, target, draft, pool, sources, ids.shape[1], prompt_paths)
+    bench = Bench(args, device, tok, target, draft, ids.to(device), mask.to(device), report, t_start)
+    print(f"[e2e] {report['env']['device_name']} ({device}) {report['env']['dtype']}; target "
+          f"{report['params']['target']/1e6:.1f}M, draft {report['params']['draft']/1e6:.1f}M params; "
+          f"{len(pool)} prompts padded to {bench.P} tokens; max_new_tokens {args.max_new_tokens}", flush=True)
+    for b in bench.batch_sizes:
+        if bench.batches_for(b) is None:
+            bench.errors.append({"batch_size": b, "error": f"pool of {len(pool)} prompts is smaller than the batch"})
 
-    def record(entry):
-        results.append(entry)
-        print(f"[e2e {time.perf_counter()-t_start:6.1f}s] {entry['method']:<15} {entry.get('variant',''):<16} "
-              f"b={entry['batch_size']:<3} {entry['mode']:<6} "
-              + (f"{entry['tokens_per_s']:9.1f} tok/s" if entry.get("tokens_per_s") else f"ERROR {entry.get('error','')[:120]}"),
-              flush=True)
-
-    def run(method, variant, b, mode, call, batches, extra=None):
-        entry = {"method": method, "variant": variant, "batch_size": b, "mode": mode, "num_prompts": len(batches) * b}
-        if extra:
-            entry.update(extra)
-        try:
-            entry.update(timed_method(method, call, batches, args, device, tok, P))
-        except Exception as exc:  # record and go on: the numbers are what they are
-            entry["error"] = f"{type(exc).__name__}: {exc}"
-            entry["traceback"] = traceback.format_exc()[-3000:]
-            errors.append({"method": method, "variant": variant, "batch_size": b, "mode": mode, "error": entry["error"]})
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        record(entry)
-        return entry
-
-    # ---- (a) plain HF generate, eager and static cache + compile ----------
-    for b in batch_sizes:
-        batches = batches_for(b)
-        if batches is None:
-            errors.append({"batch_size": b, "error": f"pool of {len(pool)} prompts is smaller than the batch"})
-            continue
-        for mode in modes:
-            kw = gen_kwargs(mode, args, tok)
-            run("plain_eager", "dynamic_cache", b, mode,
-                lambda x, kw=kw: target.generate(input_ids=x[0], attention_mask=x[1], **kw), batches)
+    # the rows the summary needs first, so that --deadline-s cuts the least useful ones
     if not args.no_compile:
-        from transformers import CompileConfig
-
-        for b in batch_sizes:
-            batches = batches_for(b)
-            if batches is None:
-                continue
-            for mode in modes:
-                kw = gen_kwargs(mode, args, tok)
-                kw["cache_implementation"] = "static"
-                cc = CompileConfig()
-                if args.force_compile:
-                    cc._compile_all_devices = True
-                kw["compile_config"] = cc
-                entry = run("plain_compiled", "static_cache+compile", b, mode,
-                            lambda x, kw=kw: target.generate(input_ids=x[0], attention_mask=x[1], **kw), batches)
-                entry["compiled"] = hasattr(target, "_compiled_call")
-                if not entry["compiled"]:
-                    entry["note"] = ("transformers did not compile the forward (it auto-compiles only on "
-                                     "accelerators; use --force-compile on CPU): static cache, eager")
-
-    # ---- (b) HF assisted generation, batch 1 -------------------------------
-    if not args.no_assisted and 1 in batch_sizes:
-        batches = batches_for(1)
-        saved = copy.deepcopy(draft.generation_config)
-        variants = [("default", {})] + [
-            (f"const_{n}", {"num_assistant_tokens": n, "num_assistant_tokens_schedule": "constant",
-                            "assistant_confidence_threshold": 0.0}) for n in sweep]
-        greedy_best = None
-        for mode in modes:
-            for name, settings in variants:
-                if mode != "greedy" and name != "default" and greedy_best is not None and name != greedy_best:
-                    continue  # sampling: default settings and the best constant from the greedy sweep
-                draft.generation_config = copy.deepcopy(saved)
-                for key, val in settings.items():
-                    setattr(draft.generation_config, key, val)
-                kw = gen_kwargs(mode, args, tok)
-                eff = {key: getattr(draft.generation_config, key, None) for key in
-                       ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
-                run("hf_assisted", name, 1, mode,
-                    lambda x, kw=kw: target.generate(input_ids=x[0], attention_mask=x[1], assistant_model=draft, **kw),
-                    batches, extra={"assistant_settings": eff})
-            if mode == "greedy":
-                cands = [r for r in results if r["method"] == "hf_assisted" and r["mode"] == "greedy"
-                         and r["variant"] != "default" and r.get("tokens_per_s")]
-                if cands:
-                    greedy_best = max(cands, key=lambda r: r["tokens_per_s"])["variant"]
-        draft.generation_config = saved
-
-    # ---- primitive costs for the ideal speedup ------------------------------
-    primitives = {}
-    for b in batch_sizes:
-        batches = batches_for(b)
-        if batches is None:
-            continue
-        try:
-            primitives[b] = measure_primitives(target, draft, batches[0][0], batches[0][1], ks,
-                                               args.primitive_iters, device)
-        except Exception as exc:
-            errors.append({"method": "primitives", "batch_size": b, "error": f"{type(exc).__name__}: {exc}"})
-
-    # ---- (c) hf_specdec -------------------------------------------------------
+        run_plain(bench, compiled=True)
     ok, why = spec_available()
-    spec_status = "ok" if ok else f"unavailable: {why}"
-    if args.no_spec:
-        spec_status = "skipped (--no-spec)"
-    elif ok:
-        import hf_specdec
-
-        hf_specdec.enable(target)
-        for b in batch_sizes:
-            batches = batches_for(b)
-            if batches is None:
-                continue
-            for mode in modes:
-                for k in ks:
-                    kw = gen_kwargs(mode, args, tok)
-                    sc = hf_specdec.SpecConfig(num_speculative_tokens=k)
-                    entry = run("hf_specdec", f"k={k}", b, mode,
-                                lambda x, kw=kw, sc=sc: target.generate(
-                                    input_ids=x[0], attention_mask=x[1], assistant_model=draft, spec_config=sc, **kw),
-                                batches, extra={"k": k})
-                    agg = aggregate_metrics(entry.get("call_metrics") or [])
-                    entry["spec_metrics"] = agg
-                    entry["acceptance_rate"] = agg.get("acceptance_rate")
-                    entry["mean_acceptance_length"] = agg.get("mean_acceptance_length")
-                    entry["acceptance_length_histogram"] = acceptance_length_histogram(agg, k)
-    else:
+    report["hf_specdec"] = "skipped (--no-spec)" if args.no_spec else "ok" if ok else f"unavailable: {why}"
+    if ok and not args.no_spec:
+        run_spec(bench, eager=False)
+        if not args.no_spec_eager:
+            run_spec(bench, eager=True)
+    elif not ok:
         print(f"[e2e] hf_specdec not available: {why}", flush=True)
+    run_plain(bench, compiled=False)
+    if not args.no_assisted and 1 in bench.batch_sizes:
+        run_assisted(bench)
 
-    # ---- derived numbers -------------------------------------------------------
-    def find(method, b, mode, variant=None):
-        for r in results:
-            if r["method"] == method and r["batch_size"] == b and r["mode"] == mode and r.get("tokens_per_s") \
-                    and (variant is None or r["variant"] == variant):
-                return r
-        return None
-
-    for r in results:
-        if not r.get("tokens_per_s"):
-            continue
-        b, mode = r["batch_size"], r["mode"]
-        eager = find("plain_eager", b, mode)
-        comp = find("plain_compiled", b, mode)
-        if eager and r is not eager:
-            r["speedup_vs_plain_eager"] = r["tokens_per_s"] / eager["tokens_per_s"]
-        if comp and r is not comp:
-            r["speedup_vs_plain_compiled"] = r["tokens_per_s"] / comp["tokens_per_s"]
-        if b == 1 and r["method"] != "hf_assisted":
-            asd = find("hf_assisted", 1, mode, "default")
-            assisted = [x for x in results if x["method"] == "hf_assisted" and x["mode"] == mode and x.get("tokens_per_s")]
-            if asd:
-                r["speedup_vs_assisted_default"] = r["tokens_per_s"] / asd["tokens_per_s"]
-            if assisted:
-                best = max(assisted, key=lambda x: x["tokens_per_s"])
-                r["speedup_vs_assisted_best"] = r["tokens_per_s"] / best["tokens_per_s"]
-                r["assisted_best_variant"] = best["variant"]
-        eager_greedy = find("plain_eager", b, "greedy")
-        if mode == "greedy" and eager_greedy and r is not eager_greedy:
-            r["identical_to_plain_eager_greedy"] = identical_share(r.get("outputs"), eager_greedy.get("outputs"))
-        if r["method"] == "hf_specdec" and r.get("acceptance_rate") is not None and b in primitives:
-            k = r["k"]
-            pr = primitives[b]
-            alpha = r["acceptance_rate"]
-            e_tok = expected_tokens_per_round(alpha, k)
-            round_cost = k * pr["c_draft_step"] + pr[f"c_target_verify_k{k}"]
-            ideal = e_tok / round_cost * pr["c_target_step"]
-            r["expected_tokens_per_round"] = e_tok
-            r["ideal_speedup"] = ideal
-            if r.get("speedup_vs_plain_eager"):
-                r["efficiency_vs_ideal"] = r["speedup_vs_plain_eager"] / ideal
-
-    # ---- table -------------------------------------------------------------
-    hdr = (f"{'method':<15}{'variant':<22}{'b':>4} {'mode':<7}{'tok/s':>10}{'x eager':>9}{'x compl':>9}"
-           f"{'x asst':>8}{'x asst*':>8}{'acc':>7}{'len':>6}{'same':>6}{'ideal':>7}{'eff':>6}")
-    print("\n" + hdr + "\n" + "-" * len(hdr))
-
-    def f(v, fmt):
-        return format(v, fmt) if isinstance(v, (int, float)) and v is not None else "-"
-
-    for r in results:
-        print(f"{r['method']:<15}{r['variant']:<22}{r['batch_size']:>4} {r['mode']:<7}"
-              f"{f(r.get('tokens_per_s'), '10.1f'):>10}{f(r.get('speedup_vs_plain_eager'), '9.2f'):>9}"
-              f"{f(r.get('speedup_vs_plain_compiled'), '9.2f'):>9}{f(r.get('speedup_vs_assisted_default'), '8.2f'):>8}"
-              f"{f(r.get('speedup_vs_assisted_best'), '8.2f'):>8}{f(r.get('acceptance_rate'), '7.3f'):>7}"
-              f"{f(r.get('mean_acceptance_length'), '6.2f'):>6}{f(r.get('identical_to_plain_eager_greedy'), '6.2f'):>6}"
-              f"{f(r.get('ideal_speedup'), '7.2f'):>7}{f(r.get('efficiency_vs_ideal'), '6.2f'):>6}"
-              + (f"  ERROR: {r['error'][:80]}" if r.get("error") else ""))
-    print("(x asst = over HF assisted default settings, x asst* = over HF assisted best variant; same = share of "
-          "greedy outputs identical to plain eager greedy; eff = speedup over eager / ideal)")
-
-    # ---- JSON ----------------------------------------------------------------
-    import transformers
-
-    for r in results:
-        r.pop("outputs", None)
-    pair_summary = None
-    sp = os.path.join(os.path.dirname(os.path.abspath(args.target)), "summary.json")
-    if os.path.exists(sp):
-        with open(sp) as fh:
-            s = json.load(fh)
-        pair_summary = {k: s.get(k) for k in ("target", "draft", "vocab_size", "tokens_seen_per_model", "target_better")}
-    report = {
-        "env": {"device": str(device),
-                "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
-                "torch": torch.__version__, "transformers": transformers.__version__,
-                "python": platform.python_version(), "dtype": str(dtype).replace("torch.", "")},
-        "config": {k: v for k, v in vars(args).items()},
-        "target": os.path.abspath(args.target), "draft": os.path.abspath(args.draft),
-        "params": {"target": n_target, "draft": n_draft},
-        "pair_summary": pair_summary,
-        "prompts": {"paths": prompt_paths, "pool": len(pool), "padded_len": P,
-                    "sources": {s: sources.count(s) for s in set(sources)}},
-        "hf_specdec": spec_status,
-        "primitives_seconds": {str(b): v for b, v in primitives.items()},
-        "results": results,
-        "errors": errors,
-        "total_seconds": time.perf_counter() - t_start,
-    }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump(report, fh, indent=2, default=str)
-    print(f"[e2e] wrote {args.out} in {report['total_seconds']:.1f}s total; {len(errors)} errors", flush=True)
+    report["total_seconds"] = bench.elapsed()
+    finish_report(report)
     return report
 
 

@@ -13,7 +13,8 @@ ACCEPTANCE_METHODS = ("rejection", "typical", "greedy")
 class SpecConfig:
     """Settings of speculative decoding.
 
-    num_speculative_tokens: draft tokens proposed per round (k >= 1).
+    num_speculative_tokens: draft tokens proposed per round (k >= 1; k = 0 is plain decoding
+        through the same fixed-shape runner, no draft model needed: the project's own baseline).
     acceptance: "rejection" (exact; the default), "typical" (vLLM's typical acceptance:
         faster, not exact) or "greedy". Without ``do_sample`` verification is greedy
         whatever this says, so greedy output equals the target's own greedy output.
@@ -27,6 +28,14 @@ class SpecConfig:
         reproducible sampling without touching the global seed.
     sync_stage_timing: synchronise the device around each stage so that the stage times in
         spec_metrics are exact (costs a little speed on GPU).
+    bucketed: run rounds on the fixed-shape runner (rows padded to batch buckets, bookkeeping
+        on the device, one host synchronisation per round). None: where CUDA graphs run.
+        True forces it (also on CPU, without graphs: how the tests cover it); False forces
+        the ragged eager path.
+    cuda_graphs: capture the runner's draft loop and verify in CUDA graphs. None: on where
+        CUDA is available; True on CPU raises.
+    compile: torch.compile the models before capture. None: on where CUDA graphs run;
+        True without CUDA graphs raises.
     """
 
     num_speculative_tokens: int = 4
@@ -38,11 +47,24 @@ class SpecConfig:
     cache_memory_fraction: Optional[float] = None
     generator: Optional[torch.Generator] = None
     sync_stage_timing: bool = False
+    bucketed: Optional[bool] = None
+    cuda_graphs: Optional[bool] = None
+    compile: Optional[bool] = None
 
     def __post_init__(self):
         k = self.num_speculative_tokens
-        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 64:
-            raise ValueError(f"SpecConfig.num_speculative_tokens must be an int in [1, 64]; got {k!r}.")
+        if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= 64:
+            raise ValueError(f"SpecConfig.num_speculative_tokens must be an int in [0, 64]; got {k!r}.")
+        for name in ("bucketed", "cuda_graphs", "compile"):
+            if getattr(self, name) not in (None, True, False):
+                raise ValueError(f"SpecConfig.{name} must be None, True or False; got {getattr(self, name)!r}.")
+        if k == 0 and self.bucketed is False:
+            raise ValueError("SpecConfig.num_speculative_tokens=0 (plain decoding) runs on the bucketed runner; "
+                             "drop bucketed=False or set num_speculative_tokens >= 1.")
+        if self.bucketed is False and (self.cuda_graphs or self.compile):
+            raise ValueError("SpecConfig.cuda_graphs/compile need the bucketed runner; drop bucketed=False.")
+        if self.compile and self.cuda_graphs is False:
+            raise ValueError("SpecConfig.compile=True needs CUDA graphs; drop cuda_graphs=False or compile=True.")
         if self.acceptance not in ACCEPTANCE_METHODS:
             raise ValueError(f"SpecConfig.acceptance must be one of {ACCEPTANCE_METHODS}; got {self.acceptance!r}.")
         if not 0.0 <= self.posterior_threshold <= 1.0:

@@ -8,6 +8,10 @@ calls ``speculative_generate(model, input_ids, ...)`` with all of that. One roun
     score    one ragged target forward     strategies/target_scorer.py
     verify   greedy / rejection / typical  strategies/verifier.py -> kernels/
     commit   EOS, limits, stop criteria    commit.py; both caches roll back to what was kept
+
+That ragged loop is the eager path. Where CUDA graphs run (or SpecConfig(bucketed=True)),
+the same rounds run on the fixed-shape runner instead (``fast_generate.py``, ``runner/``);
+``path_choice.py`` decides, and ``spec_metrics.fast_path`` says which ran and why.
 """
 from __future__ import annotations
 
@@ -23,8 +27,11 @@ from .batch_state import SequenceBatch
 from .cache import paged_attention_enabled
 from .commit import Committer
 from .config import SpecConfig
+from .fast_generate import round_spec, run_fast
 from .logits import LogitsPipeline
 from .metrics import SpecMetrics, StageTimer
+from .path_choice import choose_path
+from .runner import runner_for
 from .sampling import choose_tokens
 from .setup import build_caches, check_request
 from .strategies.draft_model import DraftModelProposer
@@ -54,22 +61,36 @@ def speculative_generate(
     generation_config = generation_config if generation_config is not None else model.generation_config
     request = check_request(model, draft_model, input_ids, generation_config, spec_config, model_kwargs, spec_streamer)
     k, do_sample, gen = spec_config.num_speculative_tokens, request.do_sample, spec_config.generator
-    metrics = SpecMetrics(num_speculative_tokens=k)
+    path = choose_path(spec_config, input_ids.device, logits_processor, generation_config, spec_streamer,
+                       request.eos_token_ids)
+    metrics = SpecMetrics(num_speculative_tokens=k, fast_path=path.label)
     timer = StageTimer(metrics, input_ids.device, spec_config.sync_stage_timing)
     start = time.perf_counter()
 
     batch = SequenceBatch(input_ids, model_kwargs.get("attention_mask"), request.max_new_tokens, k)
-    target_cache, draft_cache = build_caches(model, draft_model, batch, spec_config)
     logits = LogitsPipeline(logits_processor)
-    scorer = TargetScorer(model, target_cache, k)
-    proposer = DraftModelProposer(draft_model, draft_cache, logits, k, request.vocab_size, do_sample, gen)
-    verifier = Verifier(spec_config.acceptance, do_sample, k, gen, spec_config.posterior_threshold,
-                        spec_config.posterior_alpha)
     committer = Committer(request.eos_token_ids, stopping_criteria, spec_streamer,
                           generation_config.output_scores, generation_config.output_logits)
     if spec_streamer is not None:
         spec_streamer.put(input_ids.cpu())
 
+    if path.bucketed:
+        runner = runner_for(model, draft_model if k else None)
+        spec = round_spec(k, do_sample, spec_config.acceptance, path.logits, gen, spec_config.posterior_threshold,
+                          spec_config.posterior_alpha)
+        runner.begin(batch, spec, path.logits.signature, request.vocab_size, path.graphs, path.compile,
+                     spec_config.block_size, spec_config.cache_tokens)
+        models = (model,) if k == 0 else (model, draft_model)
+        with paged_attention_enabled(*models):
+            run_fast(runner, batch, spec, logits, committer, request.eos_token_ids, metrics, timer)
+        metrics.warmup_seconds = runner.warmup_seconds
+        return _finish(batch, request, generation_config, committer, metrics, start)
+
+    target_cache, draft_cache = build_caches(model, draft_model, batch, spec_config)
+    scorer = TargetScorer(model, target_cache, k)
+    proposer = DraftModelProposer(draft_model, draft_cache, logits, k, request.vocab_size, do_sample, gen)
+    verifier = Verifier(spec_config.acceptance, do_sample, k, gen, spec_config.posterior_threshold,
+                        spec_config.posterior_alpha)
     with paged_attention_enabled(model, draft_model):
         rows = batch.active_rows()
         with timer("prefill_seconds"):
@@ -94,8 +115,12 @@ def speculative_generate(
             proposer.update_candidate_strategy(batch, rows, accepted)
             scorer.update_after_verify(batch, rows, accepted)
             release(committer.commit(batch, rows, runs, scores, raw, k + 1), scorer, proposer)
-    committer.end()
+    return _finish(batch, request, generation_config, committer, metrics, start)
 
+
+def _finish(batch: SequenceBatch, request, generation_config, committer: Committer, metrics: SpecMetrics,
+            start: float):
+    committer.end()
     metrics.num_emitted_tokens = sum(batch.gen_len)
     metrics.total_seconds = time.perf_counter() - start
     sequences = batch.sequences(request.pad_token_id)

@@ -24,7 +24,10 @@ class SpecMetrics:
     score_seconds: float = 0.0
     verify_seconds: float = 0.0
     prefill_seconds: float = 0.0
+    round_seconds: float = 0.0
     total_seconds: float = 0.0
+    fast_path: str = ""  # "graphs+compile", "graphs", "bucketed" or "eager: <reason>"
+    warmup_seconds: float = 0.0  # graph capture and compilation inside this call
 
     @property
     def acceptance_rate(self) -> float:
@@ -50,10 +53,25 @@ class SpecMetrics:
             for j in range(a):
                 self.accepted_per_position[j] += 1
 
+    def record_totals(self, drafts: int, accepted: int, per_position: list) -> None:
+        """The fast path's statistics, summed on the device over all its rounds."""
+        k = self.num_speculative_tokens
+        self.num_drafts += drafts
+        self.num_draft_tokens += k * drafts
+        self.num_accepted_tokens += accepted
+        if not self.accepted_per_position:
+            self.accepted_per_position = [0] * k
+        self.accepted_per_position = [a + b for a, b in zip(self.accepted_per_position, per_position)]
+
+    @property
+    def decode_seconds(self) -> float:
+        """Wall time after prefill, without graph capture and compilation."""
+        return self.total_seconds - self.prefill_seconds - self.warmup_seconds
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d.update(acceptance_rate=self.acceptance_rate, mean_acceptance_length=self.mean_acceptance_length,
-                 acceptance_per_position=self.acceptance_per_position)
+                 acceptance_per_position=self.acceptance_per_position, decode_seconds=self.decode_seconds)
         return d
 
 

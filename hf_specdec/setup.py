@@ -57,7 +57,7 @@ def check_vocabularies(target: PreTrainedModel, draft: PreTrainedModel) -> int:
 
 def check_request(model, draft_model, input_ids, generation_config: GenerationConfig, spec_config: SpecConfig,
                   model_kwargs: dict, streamer) -> Request:
-    if draft_model is None:
+    if draft_model is None and spec_config.num_speculative_tokens > 0:
         raise ValueError("speculative decoding needs a draft model: pass assistant_model=<draft> to generate().")
     if generation_config.num_beams is not None and generation_config.num_beams > 1:
         raise ValueError(f"hf_specdec does not do beam search (num_beams={generation_config.num_beams}); "
@@ -66,10 +66,14 @@ def check_request(model, draft_model, input_ids, generation_config: GenerationCo
         if model_kwargs.get(name) is not None:
             raise ValueError(f"hf_specdec does not accept `{name}`; pass input_ids (and attention_mask).")
     check_paged_support(model)
-    check_paged_support(draft_model)
+    if draft_model is not None:
+        check_paged_support(draft_model)
     if streamer is not None and input_ids.shape[0] > 1:
         raise ValueError(f"streaming needs batch size 1 (got {input_ids.shape[0]} sequences), as in plain generate().")
-    vocab = check_vocabularies(model, draft_model)
+    if draft_model is not None:
+        vocab = check_vocabularies(model, draft_model)
+    else:
+        vocab = model.config.get_text_config().vocab_size
 
     max_new = generation_config.max_length - input_ids.shape[1]
     if max_new < 1:
@@ -77,7 +81,7 @@ def check_request(model, draft_model, input_ids, generation_config: GenerationCo
                          "prompt; set max_new_tokens.")
     mask = model_kwargs.get("attention_mask")
     longest = int(mask.sum(-1).max()) if mask is not None else input_ids.shape[1]
-    for m in (model, draft_model):
+    for m in (model, draft_model) if draft_model is not None else (model,):
         limit = getattr(m.config.get_text_config(), "max_position_embeddings", None)
         if limit is not None and longest + max_new > limit:
             raise ValueError(

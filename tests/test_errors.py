@@ -18,7 +18,7 @@ def run(target, draft, **kw):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("num_speculative_tokens", 0), ("num_speculative_tokens", 2.5), ("acceptance", "maybe"),
+    ("num_speculative_tokens", -1), ("num_speculative_tokens", 2.5), ("acceptance", "maybe"),
     ("block_size", 0), ("cache_tokens", -4), ("cache_memory_fraction", 1.5), ("posterior_alpha", 2.0),
 ])
 def test_invalid_spec_config_names_the_field(field, value):

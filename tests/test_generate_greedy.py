@@ -16,9 +16,10 @@ def targets():
     return {family: hf_specdec.enable(make_model(family, seed=i)) for i, family in enumerate(["llama", "qwen2", "gpt2"])}
 
 
-def spec_generate(target, draft, ids, mask, k, **kw):
+def spec_generate(target, draft, ids, mask, k, bucketed=None, **kw):
+    """``bucketed=True`` runs the fixed-shape runner (the GPU fast path, here without graphs)."""
     return target.generate(input_ids=ids, attention_mask=mask, assistant_model=draft, do_sample=False,
-                           spec_config=hf_specdec.SpecConfig(num_speculative_tokens=k, block_size=4),
+                           spec_config=hf_specdec.SpecConfig(num_speculative_tokens=k, block_size=4, bucketed=bucketed),
                            return_dict_in_generate=True, **kw)
 
 
@@ -29,14 +30,16 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
 @pytest.mark.parametrize("family,kind,batch,k", CASES)
-def test_greedy_equals_target_greedy(targets, family, kind, batch, k):
+def test_greedy_equals_target_greedy(targets, family, kind, batch, k, bucketed):
     target = targets[family]
     draft = make_draft(target, kind)
     ids, mask = left_padded_prompts(batch, seed=batch * 10 + k)
     expected = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW)
-    out = spec_generate(target, draft, ids, mask, k, max_new_tokens=MAX_NEW)
+    out = spec_generate(target, draft, ids, mask, k, bucketed=bucketed, max_new_tokens=MAX_NEW)
     assert torch.equal(out.sequences, expected)
+    assert out.spec_metrics.fast_path == ("bucketed" if bucketed else "eager: SpecConfig(bucketed=False)")
     m = out.spec_metrics
     assert m.num_accepted_tokens <= m.num_draft_tokens == m.num_drafts * k
     if kind == "full":
@@ -46,7 +49,8 @@ def test_greedy_equals_target_greedy(targets, family, kind, batch, k):
         assert m.acceptance_per_position[0] < 1.0  # some round rejected its very first draft
 
 
-def test_eos_inside_accepted_run(targets):
+@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
+def test_eos_inside_accepted_run(targets, bucketed):
     target = targets["llama"]
     ids, mask = left_padded_prompts(3, seed=5)
     plain = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW,
@@ -54,13 +58,14 @@ def test_eos_inside_accepted_run(targets):
     eos = int(plain[0, ids.shape[1] + 4])  # row 0's 5th generated token becomes EOS
     expected = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW,
                                eos_token_id=eos, pad_token_id=0)
-    out = spec_generate(target, make_draft(target, "full"), ids, mask, 6, max_new_tokens=MAX_NEW,
+    out = spec_generate(target, make_draft(target, "full"), ids, mask, 6, bucketed=bucketed, max_new_tokens=MAX_NEW,
                         eos_token_id=eos, pad_token_id=0)
     assert torch.equal(out.sequences, expected)
     assert (out.sequences[0, ids.shape[1] + 5:] == 0).all()  # padded after EOS, as Hugging Face pads
 
 
-def test_history_dependent_processor_and_custom_stopping(targets):
+@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
+def test_history_dependent_processor_and_custom_stopping(targets, bucketed):
     """repetition_penalty reads input_ids; a user stopping criterion must cut inside the accepted run."""
 
     class StopAfterToken(StoppingCriteria):
@@ -78,8 +83,8 @@ def test_history_dependent_processor_and_custom_stopping(targets):
     stop = StoppingCriteriaList([StopAfterToken(int(plain[1, ids.shape[1] + 3]))])
     assert 2 in plain[:, ids.shape[1]:]  # EOS also ends a row of this batch
     expected = target.generate(input_ids=ids, attention_mask=mask, stopping_criteria=stop, pad_token_id=0, **kw)
-    out = spec_generate(target, make_draft(target, "mix"), ids, mask, 3, stopping_criteria=stop, pad_token_id=0,
-                        **{k: v for k, v in kw.items() if k != "do_sample"})
+    out = spec_generate(target, make_draft(target, "mix"), ids, mask, 3, bucketed=bucketed, stopping_criteria=stop,
+                        pad_token_id=0, **{k: v for k, v in kw.items() if k != "do_sample"})
     assert torch.equal(out.sequences, expected)
     assert (out.sequences[1, ids.shape[1] + 4:] == 0).all()
 
@@ -139,7 +144,8 @@ def test_num_return_sequences_expands_batch(targets):
     assert torch.equal(out[:, : ids.shape[1]], ids.repeat_interleave(3, dim=0))
 
 
-def test_stop_strings_cut_inside_accepted_run():
+@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
+def test_stop_strings_cut_inside_accepted_run(bucketed):
     """transformers drops `tokenizer` on the custom_generate path; enable() rebuilds the stop-string criterion."""
     from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
@@ -155,7 +161,7 @@ def test_stop_strings_cut_inside_accepted_run():
     kw = dict(do_sample=False, max_new_tokens=MAX_NEW, stop_strings=[stop], tokenizer=tok)
     expected = target.generate(input_ids=ids, attention_mask=mask, **kw)
     out = target.generate(input_ids=ids, attention_mask=mask, assistant_model=make_draft(target, "full"),
-                          spec_config=hf_specdec.SpecConfig(num_speculative_tokens=6), **kw)
+                          spec_config=hf_specdec.SpecConfig(num_speculative_tokens=6, bucketed=bucketed), **kw)
     assert torch.equal(out, expected)
     assert expected.shape != plain.shape or (expected != plain).any()  # the stop string really cut
     with pytest.raises(ValueError, match="tokenizer"):

@@ -45,11 +45,11 @@ def exact_joint_23(target, prompt):
     return torch.einsum("a,ab,abc->bc", p1, p2, p3).reshape(-1)
 
 
-def sample_joint_23(target, draft, prompt, seed):
+def sample_joint_23(target, draft, prompt, seed, bucketed=None):
     gen = torch.Generator().manual_seed(seed)
+    spec = hf_specdec.SpecConfig(num_speculative_tokens=2, generator=gen, bucketed=bucketed)
     out = target.generate(input_ids=prompt.expand(N, -1), assistant_model=draft, do_sample=True, top_k=0,
-                          max_new_tokens=3, spec_config=hf_specdec.SpecConfig(num_speculative_tokens=2, generator=gen),
-                          return_dict_in_generate=True)
+                          max_new_tokens=3, spec_config=spec, return_dict_in_generate=True)
     L = prompt.shape[1]
     t2, t3 = out.sequences[:, L + 1], out.sequences[:, L + 2]
     counts = torch.bincount(t2 * V + t3, minlength=V * V).double()
@@ -78,29 +78,33 @@ def wrong_rejection_sample(draft_ids, cu, draft_probs, target_probs, is_greedy, 
     return out, n
 
 
-def test_sampled_tokens_follow_target_distribution(pair):
+@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
+def test_sampled_tokens_follow_target_distribution(pair, bucketed):
     target, draft = pair
     prompt = torch.tensor([[3, 1, 4, 1, 5]])
-    counts, metrics = sample_joint_23(target, draft, prompt, seed=0)
+    counts, metrics = sample_joint_23(target, draft, prompt, seed=0, bucketed=bucketed)
     assert 0.05 < metrics.acceptance_rate < 0.95  # both rejections and acceptances are exercised
     assert chi_square_pvalue(counts, exact_joint_23(target, prompt)) > 1e-3
 
 
-def test_distribution_test_catches_wrong_residual(pair, monkeypatch):
+@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
+def test_distribution_test_catches_wrong_residual(pair, monkeypatch, bucketed):
     target, draft = pair
     prompt = torch.tensor([[3, 1, 4, 1, 5]])
     monkeypatch.setattr(verifier_module.kernels, "rejection_sample", wrong_rejection_sample)
     torch.manual_seed(0)
-    counts, _ = sample_joint_23(target, draft, prompt, seed=0)
+    counts, _ = sample_joint_23(target, draft, prompt, seed=0, bucketed=bucketed)
     assert chi_square_pvalue(counts, exact_joint_23(target, prompt)) < 1e-3
 
 
-def test_seeded_generator_reproduces(pair):
+@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
+def test_seeded_generator_reproduces(pair, bucketed):
     target, draft = pair
     prompt = torch.tensor([[2, 7 % V, 1]])
     outs = []
     for _ in range(2):
         gen = torch.Generator().manual_seed(1234)
         outs.append(target.generate(input_ids=prompt.expand(4, -1), assistant_model=draft, do_sample=True, top_k=0,
-                                    max_new_tokens=8, spec_config=hf_specdec.SpecConfig(generator=gen)))
+                                    max_new_tokens=8, spec_config=hf_specdec.SpecConfig(generator=gen,
+                                                                                        bucketed=bucketed)))
     assert torch.equal(outs[0], outs[1])

@@ -146,11 +146,13 @@ def paged_attention_enabled(*models: PreTrainedModel) -> Iterator[None]:
                 config._attn_implementation_internal = original
 
 
-def paged_forward(model: PreTrainedModel, input_ids: torch.Tensor, batch, logits_rows: torch.Tensor) -> torch.Tensor:
-    """One packed forward over ``input_ids`` ``(T,)``; returns fp32 logits of the rows ``logits_rows``."""
+def paged_forward(model: PreTrainedModel, input_ids: torch.Tensor, batch, logits_rows: torch.Tensor,
+                  call=None) -> torch.Tensor:
+    """One packed forward over ``input_ids`` ``(T,)``; returns fp32 logits of the rows ``logits_rows``.
+    ``call``: what to invoke instead of ``model`` itself (its compiled version)."""
     device = model.get_input_embeddings().weight.device
     with _paged_implementation(model):
-        out = model(
+        out = (call if call is not None else model)(
             input_ids=input_ids[None].to(device),
             position_ids=batch.positions[None].to(device),
             use_cache=False,

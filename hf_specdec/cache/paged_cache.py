@@ -37,12 +37,24 @@ class PagedKVCache:
                  device: torch.device, budget_hint: str = ""):
         self.block_size = block_size
         self.num_blocks = num_blocks
-        self.max_blocks_per_seq = blocks_for(max_seq_len, block_size)
-        self.allocator = BlockAllocator(num_blocks, block_size, budget_hint)
         self.device = torch.device(device)
-        self.block_tables = torch.zeros(max_seqs, self.max_blocks_per_seq, dtype=torch.int32, device=self.device)
         self.key_pools: dict[int, torch.Tensor] = {}
         self.value_pools: dict[int, torch.Tensor] = {}
+        self.reset(max_seqs, max_seq_len, budget_hint)
+
+    def resize(self, num_blocks: int) -> None:
+        """A new pool size: the pools are re-created at the next write (same cache object, so a compiled
+        model that reads pools through it keeps its code)."""
+        self.num_blocks = num_blocks
+        for pools in (self.key_pools, self.value_pools):
+            pools.clear()
+
+    def reset(self, max_seqs: int, max_seq_len: int, budget_hint: str = "") -> None:
+        """Forget every sequence but keep the pools: a runner reuses one cache (and the pool
+        addresses its CUDA graphs captured) across generate() calls."""
+        self.max_blocks_per_seq = blocks_for(max_seq_len, self.block_size)
+        self.allocator = BlockAllocator(self.num_blocks, self.block_size, budget_hint)
+        self.block_tables = torch.zeros(max_seqs, self.max_blocks_per_seq, dtype=torch.int32, device=self.device)
         self._next_row = 0
 
     # -- pools ---------------------------------------------------------------------

@@ -1,7 +1,10 @@
 """Kernels of a speculative round, each a Triton kernel beside a torch reference of the same signature.
 
-``rejection_sample``, ``typical_accept``, ``write_kv_to_slots`` and ``paged_attention`` dispatch: on CUDA
-tensors to the Triton kernel where one exists, elsewhere (CPU) to the reference.
+``rejection_sample``, ``typical_accept``, ``write_kv_to_slots`` and ``paged_attention`` call the
+custom ops of ``ops.py`` (``torch.ops.hf_specdec.*``): Triton on CUDA tensors, the reference
+elsewhere, one opaque node each under ``torch.compile``. The samplers' random numbers are drawn
+here, outside the ops (custom ops cannot take generators). Nothing here reads tensor values:
+no host synchronisation, allocations by shape only (the wrappers run inside CUDA graphs).
 """
 from __future__ import annotations
 
@@ -9,22 +12,21 @@ from typing import Optional, Sequence
 
 import torch
 
+from . import ops
 from .paged_attention_reference import paged_attention_reference, write_kv_to_slots_reference
 from .rejection_sampler_reference import PLACEHOLDER_TOKEN_ID, rejection_sample_reference
-from .sampling_noise import draw_acceptance_noise
+from .sampling_noise import draw_acceptance_noise, greedy_noise_placeholders
 from .typical_acceptance_reference import typical_accept_reference
 
 
-def _triton_module(name: str, tensor: torch.Tensor):
-    """The Triton implementation module ``name`` when ``tensor`` lives on a CUDA device, else None."""
-    if not tensor.is_cuda:
-        return None
-    try:
-        import importlib
+def _int(x):
+    """A Python (or symbolic) int for an ``int`` schema argument; ``int()`` on a SymInt would specialise it."""
+    return x if isinstance(x, (int, torch.SymInt)) else int(x)
 
-        return importlib.import_module(f"{__name__}.{name}")
-    except ImportError:
-        return None
+
+def _float(x):
+    """A Python (or symbolic) float: an int ``scale`` must not reach a Triton kernel as an integer."""
+    return x if isinstance(x, (float, torch.SymFloat)) else float(x)
 
 
 def rejection_sample(
@@ -35,15 +37,24 @@ def rejection_sample(
     is_greedy: torch.Tensor,
     max_spec_len: int,
     generators: Optional[Sequence[Optional[torch.Generator]]] = None,
+    *,
+    all_greedy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Verify flattened ragged drafts; returns ``(B, max_spec_len+1)`` ids (-1 padded) and accepted counts."""
-    uniform, exponential = draw_acceptance_noise(
-        cu_num_draft_tokens, draft_token_ids.shape[0], target_probs.shape[-1], target_probs.device, generators
-    )
-    impl = _triton_module("rejection_sampler_triton", target_probs)
-    fn = impl.rejection_sample_triton if impl is not None else rejection_sample_reference
-    return fn(draft_token_ids, cu_num_draft_tokens, draft_probs, target_probs, is_greedy,
-              max_spec_len, uniform, exponential)
+    """Verify flattened ragged drafts; returns ``(B, max_spec_len+1)`` ids (-1 padded) and accepted counts.
+
+    ``all_greedy=True`` says every row is greedy (the caller knows; ``is_greedy.all()`` would
+    synchronise): every row is then verified greedily, whatever ``is_greedy`` holds, and no
+    random numbers are drawn (the generators and the global RNG do not advance).
+    """
+    if all_greedy:
+        is_greedy = torch.ones_like(is_greedy)  # makes the promise hold: no row can read the placeholders
+        uniform, exponential = greedy_noise_placeholders(target_probs.device)
+    else:
+        uniform, exponential = draw_acceptance_noise(
+            cu_num_draft_tokens, draft_token_ids.shape[0], target_probs.shape[-1], target_probs.device, generators
+        )
+    return ops.rejection_sample_op(draft_token_ids, cu_num_draft_tokens, draft_probs, target_probs, is_greedy,
+                                   _int(max_spec_len), uniform, exponential)
 
 
 def typical_accept(
@@ -56,32 +67,30 @@ def typical_accept(
     generators: Optional[Sequence[Optional[torch.Generator]]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Typical acceptance of flattened ragged drafts; returns ``(B, max_spec_len+1)`` ids (-1 padded) and accepted counts."""
-    _, exponential = draw_acceptance_noise(
-        cu_num_draft_tokens, draft_token_ids.shape[0], target_probs.shape[-1], target_probs.device, generators
-    )
-    impl = _triton_module("typical_acceptance_triton", target_probs)
-    fn = impl.typical_accept_triton if impl is not None else typical_accept_reference
-    return fn(draft_token_ids, cu_num_draft_tokens, target_probs, max_spec_len,
-              posterior_threshold, posterior_alpha, exponential)
+    _, exponential = draw_acceptance_noise(cu_num_draft_tokens, draft_token_ids.shape[0], target_probs.shape[-1],
+                                           target_probs.device, generators, with_uniform=False)
+    return ops.typical_accept_op(draft_token_ids, cu_num_draft_tokens, target_probs, _int(max_spec_len),
+                                 _float(posterior_threshold), _float(posterior_alpha), exponential)
 
 
 def write_kv_to_slots(key, value, key_cache, value_cache, slot_mapping) -> None:
-    impl = _triton_module("paged_attention_triton", key)
-    fn = impl.write_kv_to_slots_triton if impl is not None else write_kv_to_slots_reference
-    fn(key, value, key_cache, value_cache, slot_mapping)
+    """Write ``key``/``value`` ``(T, kv_heads, head_dim)`` into the caches' flat slots ``slot_mapping`` (in place)."""
+    ops.write_kv_to_slots_op(key, value, key_cache, value_cache, slot_mapping)
 
 
 def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
                     max_query_len, scale, sliding_window=None, softcap=None) -> torch.Tensor:
-    impl = _triton_module("paged_attention_triton", query)
-    fn = impl.paged_attention_triton if impl is not None else paged_attention_reference
-    return fn(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
-              max_query_len, scale, sliding_window, softcap)
+    """Causal attention of packed ragged queries over the paged caches; ``(T, heads, head_dim)``."""
+    return ops.paged_attention_op(
+        query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, _int(max_query_len), _float(scale),
+        None if sliding_window is None else _int(sliding_window), None if softcap is None else _float(softcap),
+    )
 
 
 __all__ = [
     "PLACEHOLDER_TOKEN_ID",
     "draw_acceptance_noise",
+    "greedy_noise_placeholders",
     "paged_attention",
     "paged_attention_reference",
     "rejection_sample",

@@ -95,7 +95,8 @@ def paged_attention_reference(
     probs = torch.softmax(scores, dim=-1)
     out = torch.einsum("bkgql,blkd->bqkgd", probs, values).reshape(B, Q, H, D)
 
-    result = torch.empty(T, H, D, dtype=torch.float32, device=device)
-    flat_rows = (query_start_loc[:-1].long()[:, None] + qi[None, :])[valid_q]
-    result[flat_rows] = out[valid_q]
-    return result.to(query.dtype)
+    # Unpad without boolean indexing (its nonzero would synchronise): padding rows go to a spare row T.
+    dest = torch.where(valid_q, query_start_loc[:-1].long()[:, None] + qi[None, :], T)
+    result = torch.empty(T + 1, H, D, dtype=torch.float32, device=device)
+    result[dest.reshape(-1)] = out.reshape(B * Q, H, D)
+    return result[:T].to(query.dtype)

@@ -112,6 +112,9 @@ def _paged_attention_kernel(
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     NUM_KV_SPLITS: tl.constexpr,
 ):
+    # Typed scalars: a float arriving as fp64 would turn the online softmax's carried m_i into fp64.
+    scale = tl.cast(scale, tl.float32)
+    softcap = tl.cast(softcap, tl.float32)
     b = tl.program_id(0)
     q_block = tl.program_id(1)
     kv_head = tl.program_id(2) // NUM_KV_SPLITS
@@ -256,7 +259,7 @@ def paged_attention_triton(
     B = block_tables.shape[0]
     KVH = key_cache.shape[2]
     G = H // KVH
-    out = torch.empty_like(query)
+    out = torch.empty(T, H, D, dtype=query.dtype, device=query.device)  # contiguous, as the op's fake says
     if T == 0 or B == 0:
         return out
     if query.stride(-1) != 1:

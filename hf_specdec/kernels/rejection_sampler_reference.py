@@ -19,7 +19,8 @@ Random draws are inputs, so the kernel and the reference compute the same functi
 ``exponential_samples`` ``(B, V)`` with ``E ~ Exp(1)``: a token is drawn from
 unnormalised weights ``w`` as ``argmax(w / E)`` (no normalisation, no multinomial,
 no host sync). Each sequence draws at most one recovered-or-bonus token, so one noise
-row per sequence suffices.
+row per sequence suffices. When every sequence is greedy the noise may be ``(1,)`` / ``(1, 1)``
+placeholders (``greedy_noise_placeholders``): broadcast here, never read by the kernel.
 
 Layout (vLLM v1): drafts of all sequences flattened to ``(N,)`` with inclusive cumulative
 counts ``cu_num_draft_tokens`` ``(B,)``; sequence ``b`` owns drafts
@@ -77,7 +78,7 @@ def rejection_sample_reference(
         q_draft = q.gather(-1, draft[..., None]).squeeze(-1)
 
     target_argmax = p.argmax(-1)  # (B, K+1)
-    u = uniform_samples.double()[flat] if N else torch.zeros(B, K, dtype=torch.float64, device=device)
+    u = uniform_samples.double().expand(N)[flat] if N else torch.zeros(B, K, dtype=torch.float64, device=device)
     accept_random = u * q_draft.double() < p_draft.double()
     accept_greedy = draft == target_argmax[:, :K]
     accept = torch.where(is_greedy[:, None], accept_greedy, accept_random) & valid

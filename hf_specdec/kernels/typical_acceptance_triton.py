@@ -38,8 +38,8 @@ from .rejection_sampler_triton import (
     _launch_config,
     _num_programs_target,
     _rows_exponential_race,
-    _slice_race,
 )
+from .vocab_split_triton import _slice_race
 
 
 @triton.jit
@@ -69,6 +69,8 @@ def _typical_accept_kernel(
     stride_out, stride_p, stride_e,
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
+    posterior_threshold = tl.cast(posterior_threshold, tl.float32)  # typed scalars: never an fp64 compare
+    posterior_alpha = tl.cast(posterior_alpha, tl.float32)
     b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     in_batch = b < batch_size
     end = tl.load(cu_num_draft_ptr + b, mask=in_batch, other=0).to(tl.int64)
@@ -141,6 +143,8 @@ def _typical_accept_split_kernel(
     """Small batches: program (b, s) sweeps vocabulary slice s of all of sequence b's rows
     (partial entropy and argmax of the draft rows, partial race of the bonus row); the
     last program of the sequence to take the atomic ticket combines them and walks."""
+    posterior_threshold = tl.cast(posterior_threshold, tl.float32)
+    posterior_alpha = tl.cast(posterior_alpha, tl.float32)
     b = tl.program_id(0)
     s = tl.program_id(1)
     end = tl.load(cu_num_draft_ptr + b).to(tl.int64)

@@ -29,7 +29,7 @@ class Verifier:
         if self.method == "greedy":
             # argmax of the processed logits is exactly plain greedy generate's choice.
             greedy = torch.ones(Ba, dtype=torch.bool, device=device)
-            return kernels.rejection_sample(drafts, cu, None, target_scores, greedy, k, generators)
+            return kernels.rejection_sample(drafts, cu, None, target_scores, greedy, k, generators, all_greedy=True)
         target_probs = torch.softmax(target_scores, dim=-1)
         if self.method == "typical":
             return kernels.typical_accept(drafts, cu, target_probs, k, self.posterior_threshold,

@@ -1,0 +1,98 @@
+"""The hf_specdec rows of benchmarks/e2e.py: the eager path, the fast path, and k=0 on the runner.
+
+Per (batch size, mode) and each k: "fast k=K" (SpecConfig(k): runner + CUDA graphs + compile on
+CUDA), then runner_plain "k=0" (no draft); in a later pass "eager k=K" (SpecConfig(k, bucketed=False)).
+Rows on the runner warm up every bucket their rows can shrink into, so the timed calls capture
+and compile nothing (their spec_metrics.warmup_seconds is reported: it should be 0). After a
+runner row's timed calls, time_stages measures the cost of each piece of a round at the row's
+first bucket (CUDA only), for the ideal speedup and the time outside forwards (e2e_report.py).
+"""
+from __future__ import annotations
+
+import traceback
+
+from benchmarks.common import acceptance_length_histogram, aggregate_metrics
+
+
+def spec_fields(warm_metrics, timed_metrics, repeats, k):
+    """What a speculative row reports from its calls' spec_metrics (per pass: sum over its calls)."""
+    agg = aggregate_metrics(timed_metrics)
+    paths = sorted({m.get("fast_path") or "?" for m in warm_metrics + timed_metrics})
+    out = {
+        "fast_path": " | ".join(paths),
+        "warmup_seconds": sum(m.get("warmup_seconds", 0.0) for m in warm_metrics),
+        "timed_warmup_seconds": agg.get("warmup_seconds", 0.0),
+        "decode_seconds_total": agg.get("decode_seconds"),
+        "num_rounds_total": agg.get("num_rounds"),
+        "decode_seconds": agg.get("decode_seconds", 0.0) / repeats,
+        "num_rounds": agg.get("num_rounds", 0) / repeats,
+        "spec_metrics": agg,
+        "acceptance_rate": agg.get("acceptance_rate"),
+        "mean_acceptance_length": agg.get("mean_acceptance_length"),
+    }
+    if k:
+        out["acceptance_length_histogram"] = acceptance_length_histogram(agg, k)
+    return out
+
+
+def stage_costs(target, draft, b, fast_path, device, repeats):
+    """time_stages on the runner this row used, at the bucket of its first round (CUDA only)."""
+    if device.type != "cuda":
+        return {"stage_note": f"time_stages needs CUDA events: skipped on {device.type}"}
+    if "eager" in fast_path:
+        return {"stage_note": f"the row ran on the eager path ({fast_path}): no runner to time"}
+    from hf_specdec.runner import bucket_for, runner_for
+    from hf_specdec.runner.stage_timing import time_stages
+
+    bucket = bucket_for(b)
+    return {"stage_bucket": bucket, "stage_ms": time_stages(runner_for(target, draft), bucket, repeats)}
+
+
+def bucket_warmups(batch, b):
+    """The first batch, then its first m rows for every bucket m below b's: rows finish at different
+    rounds and move to smaller buckets, whose graphs are then captured here rather than in a timed call."""
+    from hf_specdec.runner import BUCKETS, bucket_for
+
+    return [batch] + [(batch[0][:m], batch[1][:m]) for m in sorted(BUCKETS, reverse=True) if m < bucket_for(b)]
+
+
+def run_spec_row(bench, method, variant, b, mode, batches, spec_config, draft, time_pieces):
+    k = spec_config.num_speculative_tokens
+    kw = bench.gen_kwargs(mode)
+    warm = batches[:1] if spec_config.bucketed is False else bucket_warmups(batches[0], b)
+    settings = {name: getattr(spec_config, name) for name in ("num_speculative_tokens", "bucketed", "cuda_graphs",
+                                                               "compile")}
+    entry = bench.run(method, variant, b, mode,
+                      lambda x: bench.generate(x, kw, assistant_model=draft, spec_config=spec_config),
+                      batches, warm, extra={"k": k, "spec_config": settings}, k=k)
+    if time_pieces and entry.get("tokens_per_s"):
+        try:  # after the row's timed calls: time_stages marks the bucket's rows done
+            entry.update(stage_costs(bench.target, draft, b, entry["fast_path"], bench.device,
+                                     bench.args.stage_repeats))
+        except Exception as exc:
+            entry["stage_note"] = f"time_stages failed: {type(exc).__name__}: {exc}"
+            bench.errors.append({"method": "time_stages", "variant": variant, "batch_size": b, "mode": mode,
+                                 "error": entry["stage_note"], "traceback": traceback.format_exc()[-3000:]})
+        if "stage_note" in entry:
+            bench.note(entry["stage_note"])
+    return entry
+
+
+def run_spec(bench, eager):
+    """eager=False: "fast k=K" and runner_plain "k=0" rows; eager=True: the "eager k=K" rows."""
+    import hf_specdec
+
+    args, cuda = bench.args, bench.device.type == "cuda"
+    hf_specdec.enable(bench.target)
+    fast = True if args.fast_bucketed else None
+    for b, mode, batches in bench.configs():
+        for k in bench.ks:
+            if eager:
+                run_spec_row(bench, "hf_specdec", f"eager k={k}", b, mode, batches,
+                             hf_specdec.SpecConfig(num_speculative_tokens=k, bucketed=False), bench.draft, False)
+            else:
+                run_spec_row(bench, "hf_specdec", f"fast k={k}", b, mode, batches,
+                             hf_specdec.SpecConfig(num_speculative_tokens=k, bucketed=fast), bench.draft, True)
+        if not eager:  # k=0 runs only on the runner: without CUDA it must be asked for
+            plain = hf_specdec.SpecConfig(num_speculative_tokens=0, bucketed=fast if cuda else True)
+            run_spec_row(bench, "runner_plain", "k=0", b, mode, batches, plain, None, True)

@@ -1,0 +1,92 @@
+"""The fast path's round loop: fixed-shape rounds on the runner, one host synchronisation each.
+
+    prefill    both models read the prompts; the target's first token is committed as on
+               the eager path (Hugging Face's processors and stopping criteria)
+    rounds     runner.round(): propose + verify + accept + commit on the device (graph
+               replays on GPU); runner.read(): the one sync, done flags and lengths
+    criteria   stopping criteria that need the host (stop strings, max_time, the user's
+               own) run on the tokens just committed; a stop cuts the row on the device
+    shrink     finished rows go back to the call's buffer; the survivors move to a smaller
+               bucket when they fit one
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Optional
+
+import torch
+from transformers.generation.stopping_criteria import StoppingCriteriaList
+
+from .batch_state import SequenceBatch
+from .commit import Committer
+from .logits import LogitsPipeline
+from .metrics import SpecMetrics, StageTimer
+from .runner import RoundSpec, SpecRunner, bucket_for
+from .sampling import choose_tokens
+
+
+def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: LogitsPipeline,
+             committer: Committer, eos_ids: list[int], metrics: SpecMetrics, timer: StageTimer) -> None:
+    rows = batch.active_rows()
+    with timer("prefill_seconds"):
+        raw = runner.prefill(rows)
+        scores = logits(raw, batch.tokens, *batch.history_lens(rows, 1))
+        first, _ = choose_tokens(scores, spec.do_sample, spec.generator)
+    committer.commit(batch, rows, [[t] for t in first.tolist()], scores, raw, 1)
+    rows = batch.active_rows()
+    if not rows:
+        return
+    runner.load(rows, eos_ids)
+    criteria = committer.criteria
+    while True:
+        with timer("round_seconds"):
+            runner.round()
+        metrics.num_rounds += 1
+        host = runner.read(with_keep=bool(criteria))  # the round's one sync
+        if criteria:
+            cuts = host_criteria(runner, criteria, batch.prompt_width, host)
+            if cuts:
+                runner.stop_rows(cuts)
+                for i, n in cuts.items():
+                    host[i][0], host[i][1] = 1, host[i][1] - host[i][2] + n
+        live = []
+        for i, (done, gen, *_) in enumerate(host):
+            if i < len(rows) and rows[i] is not None:
+                if done:
+                    runner.store(i, rows[i], gen)
+                    rows[i] = None
+                else:
+                    live.append(i)
+        if not live:
+            break
+        if bucket_for(len(live)) < runner.state.size:
+            runner.shrink(torch.tensor(live, device=batch.device))
+            rows = [rows[i] for i in live]
+    drafts, accepted, per_position = runner.statistics()
+    metrics.record_totals(drafts, accepted, per_position)
+
+
+def host_criteria(runner: SpecRunner, criteria: StoppingCriteriaList, prompt_width: int,
+                  host: list[list[int]]) -> dict[int, int]:
+    """Bucket row -> tokens kept of its last run, for rows a criterion stopped. Each criterion sees
+    the ``input_ids`` plain generate would pass after each committed token (grouped by length)."""
+    s = runner.state
+    k1 = s.scores.shape[0] // s.size
+    cuts: dict[int, int] = {}
+    for j in range(max((h[2] for h in host), default=0)):
+        groups: dict[int, list[int]] = defaultdict(list)
+        for i, (done, gen, keep) in enumerate(host):
+            if j < keep and i not in cuts:
+                groups[prompt_width + gen - keep + j + 1].append(i)
+        for length, members in groups.items():
+            index = torch.tensor(members, device=s.hist.device)
+            scores = s.scores[index * k1 + j]
+            hit = criteria(s.hist.index_select(0, index)[:, :length], scores).tolist()
+            cuts.update({i: j + 1 for i, h in zip(members, hit) if h})
+    return cuts
+
+
+def round_spec(k: int, do_sample: bool, acceptance: str, logits_fn, generator: Optional[torch.Generator],
+               posterior_threshold: float, posterior_alpha: float) -> RoundSpec:
+    return RoundSpec(k, do_sample, "greedy" if not do_sample else acceptance, logits_fn, generator,
+                     posterior_threshold, posterior_alpha)

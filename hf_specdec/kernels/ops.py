@@ -1,0 +1,125 @@
+"""The four kernels as torch custom ops (namespace ``hf_specdec``), so that ``torch.compile`` calls them opaquely.
+
+Traced by dynamo, the Python launch wrappers would guard on every cache's strides and on
+module globals (``MAX_KV_SPLITS``, ``LAUNCH_OVERRIDE``) once per layer, break the graph at
+``torch.cuda.get_device_properties``, and hand Python floats to the Triton kernels as fp64
+tensors (``scale`` once reached paged attention as fp64: "m_i ... fp32 re-assigned fp64").
+As custom ops they are one node each: a fake implementation gives dynamo and AOTAutograd
+the output shapes and dtypes, scalars arrive as typed ``int`` / ``float`` (``Optional``
+where ``None`` means "off"), and ``write_kv_to_slots`` declares the caches it mutates.
+
+Dispatch: CUDA tensors run the Triton kernel (the reference when Triton is not installed),
+every other device runs the torch reference. Random numbers are never drawn here: custom
+ops cannot take ``torch.Generator`` lists, so the wrappers in ``__init__.py`` draw the
+noise and pass it in.
+
+No ``from __future__ import annotations`` here: the op schemas are inferred from the
+annotations, which must be real types on every supported torch.
+"""
+import importlib
+import importlib.util
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from .paged_attention_reference import paged_attention_reference, write_kv_to_slots_reference
+from .rejection_sampler_reference import rejection_sample_reference
+from .typical_acceptance_reference import typical_accept_reference
+
+
+_HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def _impl(tensor: Tensor, module: str, name: str, reference: Callable) -> Callable:
+    """``module.name`` (a Triton launcher) for a CUDA ``tensor`` when Triton is installed, else ``reference``.
+    Only a missing Triton falls back: a broken kernel module must fail loudly, not run the slow reference."""
+    if tensor.is_cuda and _HAS_TRITON:
+        return getattr(importlib.import_module(f"{__package__}.{module}"), name)
+    return reference
+
+
+def _sampler_outputs(cu_num_draft_tokens: Tensor, like: Tensor, max_spec_len: int) -> tuple[Tensor, Tensor]:
+    """Fake outputs of the samplers: ids ``(B, max_spec_len+1)`` and accepted counts ``(B,)``, int64."""
+    B = cu_num_draft_tokens.shape[0]
+    return (like.new_empty((B, max_spec_len + 1), dtype=torch.int64),
+            like.new_empty((B,), dtype=torch.int64))
+
+
+@torch.library.custom_op("hf_specdec::rejection_sample", mutates_args=())
+def rejection_sample_op(
+    draft_token_ids: Tensor,
+    cu_num_draft_tokens: Tensor,
+    draft_probs: Optional[Tensor],
+    target_probs: Tensor,
+    is_greedy: Tensor,
+    max_spec_len: int,
+    uniform_samples: Tensor,
+    exponential_samples: Tensor,
+) -> tuple[Tensor, Tensor]:
+    fn = _impl(target_probs, "rejection_sampler_triton", "rejection_sample_triton", rejection_sample_reference)
+    return fn(draft_token_ids, cu_num_draft_tokens, draft_probs, target_probs, is_greedy, max_spec_len,
+              uniform_samples, exponential_samples)
+
+
+@rejection_sample_op.register_fake
+def _(draft_token_ids, cu_num_draft_tokens, draft_probs, target_probs, is_greedy, max_spec_len,
+      uniform_samples, exponential_samples):
+    return _sampler_outputs(cu_num_draft_tokens, target_probs, max_spec_len)
+
+
+@torch.library.custom_op("hf_specdec::typical_accept", mutates_args=())
+def typical_accept_op(
+    draft_token_ids: Tensor,
+    cu_num_draft_tokens: Tensor,
+    target_probs: Tensor,
+    max_spec_len: int,
+    posterior_threshold: float,
+    posterior_alpha: float,
+    exponential_samples: Tensor,
+) -> tuple[Tensor, Tensor]:
+    fn = _impl(target_probs, "typical_acceptance_triton", "typical_accept_triton", typical_accept_reference)
+    return fn(draft_token_ids, cu_num_draft_tokens, target_probs, max_spec_len, posterior_threshold,
+              posterior_alpha, exponential_samples)
+
+
+@typical_accept_op.register_fake
+def _(draft_token_ids, cu_num_draft_tokens, target_probs, max_spec_len, posterior_threshold, posterior_alpha,
+      exponential_samples):
+    return _sampler_outputs(cu_num_draft_tokens, target_probs, max_spec_len)
+
+
+@torch.library.custom_op("hf_specdec::write_kv_to_slots", mutates_args=("key_cache", "value_cache"))
+def write_kv_to_slots_op(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
+                         slot_mapping: Tensor) -> None:
+    fn = _impl(key, "paged_attention_triton", "write_kv_to_slots_triton", write_kv_to_slots_reference)
+    fn(key, value, key_cache, value_cache, slot_mapping)
+
+
+@write_kv_to_slots_op.register_fake
+def _(key, value, key_cache, value_cache, slot_mapping):
+    return None
+
+
+@torch.library.custom_op("hf_specdec::paged_attention", mutates_args=())
+def paged_attention_op(
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    query_start_loc: Tensor,
+    max_query_len: int,
+    scale: float,
+    sliding_window: Optional[int],
+    softcap: Optional[float],
+) -> Tensor:
+    fn = _impl(query, "paged_attention_triton", "paged_attention_triton", paged_attention_reference)
+    return fn(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, max_query_len, scale,
+              sliding_window, softcap)
+
+
+@paged_attention_op.register_fake
+def _(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, max_query_len, scale,
+      sliding_window, softcap):
+    return query.new_empty(query.shape)  # both implementations return a contiguous tensor

@@ -1,0 +1,103 @@
+"""The device state of the rows of one batch bucket: everything a round reads and writes.
+
+A bucket has a fixed number of rows (1, 2, 4, 8, 16, 24, 32, ...). Live sequences sit in
+its first rows; the rest are padding rows that point at a scratch block and are marked
+done, so a captured graph computes them and nothing reads the result. Every tensor here
+keeps its address for the life of the bucket: CUDA graphs captured over a bucket replay
+against these buffers, call after call.
+
+Per row (``length`` counts real tokens, i.e. cache positions, prompt padding excluded):
+
+    hist     (B, W)  plain generate's ``input_ids`` row (left-padded prompt + generated
+                     tokens), followed by this round's drafts
+    pads     (B,)    prompt padding columns of the row: column c is position c - pads
+    length   (B,)    committed tokens; the target cache holds length-1 of them, the draft
+                     cache at least length-2 (re-feeding one already cached token is an
+                     identical K/V rewrite, which lets the draft's first step feed 2 tokens
+                     for every row)
+    gen      (B,)    generated tokens; ``done`` rows no longer change
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Optional
+
+import torch
+
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+MAX_EOS_IDS = 8
+
+
+def bucket_for(rows: int) -> int:
+    """The smallest bucket holding ``rows`` rows (multiples of 128 past the table)."""
+    for b in BUCKETS:
+        if rows <= b:
+            return b
+    return -(-rows // 128) * 128
+
+
+@dataclass
+class BucketState:
+    hist: torch.Tensor
+    pads: torch.Tensor
+    batch_row: torch.Tensor  # (B,) the row's index in the call's batch (processors with per-row state)
+    length: torch.Tensor
+    gen: torch.Tensor
+    done: torch.Tensor
+    target_tables: torch.Tensor
+    draft_tables: torch.Tensor
+    drafts: torch.Tensor  # (B, k) this round's draft tokens
+    draft_probs: Optional[torch.Tensor]  # (B, k, V) when sampling
+    keep: torch.Tensor  # (B,) tokens committed by the last round
+    max_new: torch.Tensor  # () max_new_tokens of the call
+    eos: torch.Tensor  # (MAX_EOS_IDS,) EOS ids, -1 where unused
+    # acceptance statistics, summed on the device over the call's rounds
+    stat_drafts: torch.Tensor  # () rows that drafted
+    stat_accepted: torch.Tensor  # () accepted draft tokens
+    stat_per_position: torch.Tensor  # (k,) drafts whose j-th token was accepted
+    scores: Optional[torch.Tensor] = None  # (B*(k+1), V) the last verify's processed scores (not a buffer)
+
+    @property
+    def size(self) -> int:
+        return self.hist.shape[0]
+
+    @classmethod
+    def allocate(cls, rows: int, width: int, table_width: int, k: int, vocab: Optional[int],
+                 device: torch.device) -> "BucketState":
+        """``vocab`` given: room for the draft's distributions (sampling)."""
+        def z(*shape, dtype=torch.long):
+            return torch.zeros(*shape, dtype=dtype, device=device)
+        return cls(
+            hist=z(rows, width), pads=z(rows), batch_row=z(rows), length=z(rows), gen=z(rows),
+            done=z(rows, dtype=torch.bool),
+            target_tables=z(rows, table_width, dtype=torch.int32), draft_tables=z(rows, table_width, dtype=torch.int32),
+            drafts=z(rows, k), draft_probs=None if vocab is None else z(rows, k, vocab, dtype=torch.float32),
+            keep=z(rows), max_new=z(()), eos=z(MAX_EOS_IDS), stat_drafts=z(()), stat_accepted=z(()),
+            stat_per_position=z(k),
+        )
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every buffer a round may write (snapshot and restore around graph warm-up)."""
+        named = ((f.name, getattr(self, f.name)) for f in fields(self))
+        return [t for name, t in named if t is not None and name != "scores"]
+
+    def clear_padding(self, live: int, scratch_target: torch.Tensor, scratch_draft: torch.Tensor) -> None:
+        """Rows ``live:`` become padding: done, two tokens long, K/V written to scratch blocks only."""
+        self.pads[live:] = 0
+        self.batch_row[live:] = 0
+        self.length[live:] = 2
+        self.gen[live:] = 0
+        self.done[live:] = True
+        self.keep[live:] = 0
+        self.target_tables[live:] = scratch_target
+        self.draft_tables[live:] = scratch_draft
+
+    def load_rows(self, source: "BucketState", index: torch.Tensor) -> None:
+        """Rows ``index`` of ``source`` become this bucket's first rows (a smaller bucket takes the survivors)."""
+        n = index.shape[0]
+        for name in ("hist", "pads", "batch_row", "length", "gen", "done", "target_tables", "draft_tables",
+                     "keep"):
+            dst, src = getattr(self, name), getattr(source, name)
+            dst[:n] = src.index_select(0, index)[:, : dst.shape[1]] if dst.dim() == 2 else src.index_select(0, index)
+        for name in ("max_new", "eos", "stat_drafts", "stat_accepted", "stat_per_position"):
+            getattr(self, name).copy_(getattr(source, name))

@@ -1,0 +1,52 @@
+"""CUDA-graph capture and replay of one stage of a round over one bucket's static buffers.
+
+A stage is a function of a ``BucketState`` that writes its results in place. Capture runs
+it once on a side stream first (the warm-up CUDA graphs need, and the moment a compiled
+model compiles for this shape), then restores every buffer the warm-up wrote so that
+capturing does not advance the decoding, then records it. K/V written by the warm-up sit
+at positions the real replay rewrites before anything reads them.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+import torch
+
+
+class StageGraph:
+    def __init__(self, stage: Callable[[], None], buffers: list[torch.Tensor],
+                 generator: Optional[torch.Generator] = None):
+        self.stage = stage
+        self.graph = torch.cuda.CUDAGraph()
+        self.capture_seconds = 0.0
+        start = time.perf_counter()
+        saved = [t.clone() for t in buffers]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            stage()
+        torch.cuda.current_stream().wait_stream(side)
+        for t, s in zip(buffers, saved):
+            t.copy_(s)
+        if generator is not None and generator.device.type == "cuda":
+            self.graph.register_generator_state(generator)
+        with torch.cuda.graph(self.graph):
+            stage()
+        torch.cuda.synchronize()
+        self.capture_seconds = time.perf_counter() - start
+
+    def __call__(self) -> None:
+        self.graph.replay()
+
+
+def graphs_supported(generator: Optional[torch.Generator]) -> Optional[str]:
+    """None when a stage can be captured, else the reason it cannot."""
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if generator is not None and generator.device.type == "cuda" and not hasattr(torch.cuda.CUDAGraph,
+                                                                                "register_generator_state"):
+        return "this torch cannot capture a user generator in a CUDA graph"
+    if generator is not None and generator.device.type != "cuda":
+        return f"SpecConfig.generator lives on {generator.device}, not on the GPU"
+    return None

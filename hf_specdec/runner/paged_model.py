@@ -1,0 +1,40 @@
+"""One model on its paged cache, called with fixed-shape metadata: every row feeds ``q`` tokens.
+
+With a fixed ``q`` per row, the ragged layout needs no host information at all: query
+offsets are ``arange * q``, the slot of each token comes from the row's block table and
+position, and the longest query is ``q``. So a forward is a pure function of device
+buffers, which is what a CUDA graph captures.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+from transformers import PreTrainedModel
+
+from ..cache import PagedBatch, PagedKVCache, paged_forward
+from ..sampling import align_vocab
+
+
+class PagedModel:
+    def __init__(self, model: PreTrainedModel, cache: PagedKVCache, vocab_size: int,
+                 call: Optional[Callable] = None):
+        self.model = model
+        self.cache = cache
+        self.vocab_size = vocab_size
+        self.call = call  # a compiled model, or None for the model itself
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor,
+                seq_lens: torch.Tensor, q: int, last_only: bool) -> torch.Tensor:
+        """``input_ids``/``positions`` ``(B*q,)``, row b's tokens at ``[b*q, (b+1)*q)``; ``seq_lens`` ``(B,)``
+        lengths after the step. Returns fp32 logits ``(B, V)`` of each row's last token, or ``(B*q, V)``."""
+        B = tables.shape[0]
+        bs = self.cache.block_size
+        device = input_ids.device
+        pos = positions.view(B, q)
+        slots = (tables.long().gather(1, pos // bs) * bs + pos % bs).view(-1)
+        query_start_loc = torch.arange(B + 1, device=device, dtype=torch.int32) * q
+        batch = PagedBatch(self.cache, tables, seq_lens.to(torch.int32), query_start_loc, slots, positions, q)
+        rows = torch.arange(B, device=device) * q + (q - 1) if last_only else torch.arange(B * q, device=device)
+        logits = paged_forward(self.model, input_ids, batch, rows, call=self.call)
+        return align_vocab(logits, self.vocab_size)

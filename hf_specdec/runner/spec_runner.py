@@ -1,0 +1,249 @@
+"""The runner: fixed-shape, device-resident execution of speculative rounds for one model pair.
+
+It owns what must outlive a ``generate()`` call for CUDA graphs to be replayed by the
+next one: both models' paged caches (their pools' addresses are baked into the graphs),
+one ``BucketState`` per batch bucket, the captured graphs and the compiled models. A
+call that changes nothing that shapes a graph (``RunnerKey``) captures nothing.
+
+Per call: ``begin`` reserves every sequence's whole budget (prompt + max_new_tokens +
+k + 1) in both caches, so a round never touches the allocator or a block table;
+``prefill`` runs the prompts eagerly; ``load`` moves the live rows into the smallest
+bucket holding them; then ``round`` / ``sync`` until no row is live; ``store`` writes
+the rows back into the call's ``SequenceBatch``.
+"""
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from transformers import PreTrainedModel
+
+from ..cache import PagedKVCache, blocks_for, paged_forward
+from .bucket_state import MAX_EOS_IDS, BucketState, bucket_for
+from .fixed_round import RoundSpec, propose, verify_and_commit
+from .graphs import StageGraph
+from .paged_model import PagedModel
+
+
+@dataclass(frozen=True)
+class RunnerKey:
+    """Everything a captured graph depends on besides the bucket size."""
+
+    k: int
+    do_sample: bool
+    acceptance: str
+    logits_signature: tuple
+    generator_id: int
+    graphs: bool
+    compile: bool
+    block_size: int
+    pool_blocks: int
+    width: int
+    table_width: int
+    vocab: int
+
+
+def _capacity(n: int, quantum: int) -> int:
+    """Round ``n`` up to a power-of-two multiple of ``quantum``: capacities grow rarely."""
+    c = quantum
+    while c < n:
+        c *= 2
+    return c
+
+
+class SpecRunner:
+    def __init__(self, target: PreTrainedModel, draft: Optional[PreTrainedModel]):
+        self.target, self.draft = target, draft
+        self.key: Optional[RunnerKey] = None
+        self.caches: dict[str, PagedKVCache] = {}
+        self.states: dict[int, BucketState] = {}
+        self.graphs: dict[tuple[str, int], StageGraph] = {}
+        self.compiled: dict[str, object] = {}
+        self.warmup_seconds = 0.0
+        self.compile_error: Optional[str] = None
+
+    # -- per call ------------------------------------------------------------------
+    def begin(self, batch, spec: RoundSpec, logits_signature: tuple, vocab: int, graphs: bool, compile: bool,
+              block_size: int, cache_tokens: Optional[int]) -> None:
+        """Size (or reuse) caches and buckets for this call and reserve every row's whole budget."""
+        self.spec, self.batch, self.warmup_seconds = spec, batch, 0.0
+        k = spec.k
+        budgets = [batch.real_len(b) + batch.max_new_tokens + k + 1 for b in range(batch.size)]
+        scratch_tokens = k + 2  # padding rows write positions 0..k+1
+        need = sum(blocks_for(n, block_size) for n in budgets) + blocks_for(scratch_tokens, block_size)
+        hint = "Set SpecConfig.cache_tokens to a larger budget."
+        if cache_tokens is not None:
+            pool_blocks = blocks_for(cache_tokens, block_size) + blocks_for(scratch_tokens, block_size)
+            hint = f"Raise SpecConfig.cache_tokens (now {cache_tokens})."
+        else:
+            pool_blocks = max(_capacity(need, 64), self.key.pool_blocks if self.key else 0)
+        # Capacities only grow, and block tables are as wide as the models' longest sequence (a wide
+        # table costs nothing: attention stops at each row's length), so few calls change a shape.
+        longest = max(budgets + [self._max_positions()])
+        key = RunnerKey(k, spec.do_sample, spec.acceptance, logits_signature, id(spec.generator), graphs,
+                        compile and self.compile_error is None, block_size, pool_blocks,
+                        max(_capacity(batch.tokens.shape[1], 64), self.key.width if self.key else 0),
+                        max(_capacity(blocks_for(longest, block_size), 8), self.key.table_width if self.key else 0),
+                        vocab)
+        if key != self.key:
+            if self.key is not None and key.block_size != self.key.block_size:
+                self.caches.clear()
+            for cache in self.caches.values():
+                if cache.num_blocks != pool_blocks:
+                    cache.resize(pool_blocks)
+            self.states.clear()
+            self.graphs.clear()
+            self.key = key
+        models = {"target": self.target} if k == 0 else {"target": self.target, "draft": self.draft}
+        for name, model in models.items():
+            cache = self.caches.get(name)
+            if cache is None:
+                device = model.get_input_embeddings().weight.device
+                cache = self.caches[name] = PagedKVCache(pool_blocks, block_size, batch.size + 1,
+                                                         key.table_width * block_size, device, hint)
+            cache.reset(batch.size + 1, key.table_width * block_size, hint)
+            cache.add_sequences(1)  # row 0: the scratch sequence of padding rows
+            cache.reserve([0], [scratch_tokens])
+            rows = cache.add_sequences(batch.size)
+            cache.reserve(rows, budgets)
+        self.models = {name: PagedModel(model, self.caches[name], vocab, self._compiled(name, model))
+                       for name, model in models.items()}
+        prepare = getattr(spec.logits, "prepare", None)
+        if prepare is not None:  # device constants of the processors: host copies, never inside a capture
+            prepare(vocab, batch.device)
+
+    def prefill(self, rows: list[int]) -> torch.Tensor:
+        """Both models read the prompts (eagerly, one ragged forward each); the target's last logits ``(B, V)``."""
+        batch = self.batch
+        lens = [batch.real_len(b) for b in rows]
+        out = None
+        for name, pm in self.models.items():
+            cache, device = pm.cache, batch.device
+            step = cache.batch(torch.tensor([b + 1 for b in rows], device=device),
+                               torch.zeros(len(rows), dtype=torch.long, device=device),
+                               torch.tensor(lens, device=device), max(lens), sum(lens))
+            input_ids = batch.gather(rows, [batch.pads[b] for b in rows], lens)
+            logits = paged_forward(pm.model, input_ids, step, step.query_start_loc[1:].long() - 1)
+            if name == "target":
+                out = logits[:, : pm.vocab_size]
+        return out
+
+    def load(self, rows: list[int], eos_ids: list[int]) -> None:
+        """The call's live ``rows`` (after the first token) fill the smallest bucket that holds them."""
+        batch, key = self.batch, self.key
+        if len(eos_ids) > MAX_EOS_IDS:
+            raise ValueError(f"{len(eos_ids)} EOS ids; the fast path handles at most {MAX_EOS_IDS}.")
+        s = self._state(bucket_for(len(rows)))
+        device, n, W = batch.device, len(rows), batch.tokens.shape[1]
+        index = torch.tensor(rows, device=device)
+        s.hist[:n, :W] = batch.tokens.index_select(0, index)
+        s.pads[:n] = torch.tensor([batch.pads[b] for b in rows], device=device)
+        s.batch_row[:n] = index
+        s.length[:n] = torch.tensor([batch.real_len(b) for b in rows], device=device)
+        s.gen[:n] = torch.tensor([batch.gen_len[b] for b in rows], device=device)
+        s.done[:n] = False
+        for name, pm in self.models.items():
+            tables = s.target_tables if name == "target" else s.draft_tables
+            tables[:n] = pm.cache.block_tables.index_select(0, index + 1)[:, : key.table_width]
+        self._clear_padding(s, n)
+        s.max_new.fill_(batch.max_new_tokens)
+        s.eos.copy_(torch.tensor((eos_ids + [-1] * MAX_EOS_IDS)[:MAX_EOS_IDS], device=device))
+        for t in (s.stat_drafts, s.stat_accepted, s.stat_per_position):
+            t.zero_()
+        self.state = s
+
+    # -- rounds --------------------------------------------------------------------
+    def round(self) -> None:
+        """Propose and verify+commit for the current bucket: graph replays, or the same code eagerly."""
+        s, B = self.state, self.state.size
+        stages = [("verify", lambda: verify_and_commit(s, self.models["target"], self.spec))]
+        if self.spec.k:
+            stages.insert(0, ("propose", lambda: propose(s, self.models["draft"], self.spec)))
+        for name, stage in stages:
+            if not self.key.graphs:
+                stage()
+                continue
+            graph = self.graphs.get((name, B))
+            if graph is None:
+                graph = self.graphs[(name, B)] = StageGraph(stage, s.tensors(), self.spec.generator)
+                self.warmup_seconds += graph.capture_seconds
+            graph()
+
+    def read(self, with_keep: bool) -> list[list[int]]:
+        """The round's one host synchronisation: per bucket row [done, gen] (and keep)."""
+        s = self.state
+        parts = [s.done.long(), s.gen] + ([s.keep] if with_keep else [])
+        return torch.stack(parts, dim=1).tolist()
+
+    def store(self, index: int, row: int, gen: int) -> None:
+        """Bucket row ``index`` (finished) goes back to the call's ``SequenceBatch`` row ``row``."""
+        batch = self.batch
+        batch.tokens[row] = self.state.hist[index, : batch.tokens.shape[1]]
+        batch.gen_len[row] = gen
+        batch.finished[row] = True
+
+    def stop_rows(self, cuts: dict[int, int]) -> None:
+        """Host stopping criteria fired: bucket row i keeps only ``cuts[i]`` tokens of its last run, and stops."""
+        s = self.state
+        index = torch.tensor(list(cuts), device=s.hist.device)
+        drop = s.keep.index_select(0, index) - torch.tensor(list(cuts.values()), device=s.hist.device)
+        s.gen.index_add_(0, index, -drop)
+        s.length.index_add_(0, index, -drop)
+        s.done.index_fill_(0, index, True)
+
+    def shrink(self, live: torch.Tensor) -> None:
+        """Move the ``live`` rows (device indices) of the current bucket into a smaller one."""
+        s = self._state(bucket_for(live.shape[0]))
+        s.load_rows(self.state, live)
+        self._clear_padding(s, live.shape[0])
+        self.state = s
+
+    def statistics(self) -> tuple[int, int, list[int]]:
+        s = self.state
+        return int(s.stat_drafts), int(s.stat_accepted), s.stat_per_position.tolist()
+
+    # -- internals -----------------------------------------------------------------
+    def _max_positions(self) -> int:
+        """Longest sequence the models take (capped: tables for 64k tokens are 4k entries a row)."""
+        limits = [getattr(m.config.get_text_config(), "max_position_embeddings", None) or 0
+                  for m in (self.target, self.draft) if m is not None]
+        return min(min(limits), 65536) if all(limits) else 0
+
+    def _state(self, rows: int) -> BucketState:
+        s = self.states.get(rows)
+        if s is None:
+            key = self.key
+            s = self.states[rows] = BucketState.allocate(
+                rows, key.width, key.table_width, key.k, key.vocab if key.do_sample and key.k else None,
+                self.batch.device)
+        return s
+
+    def _clear_padding(self, s: BucketState, live: int) -> None:
+        scratch = {name: pm.cache.block_tables[0, : self.key.table_width] for name, pm in self.models.items()}
+        s.clear_padding(live, scratch["target"], scratch.get("draft", scratch["target"]))
+
+    def _compiled(self, name: str, model: PreTrainedModel):
+        if not self.key.compile:
+            return None
+        if name not in self.compiled:
+            start = time.perf_counter()
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            self.compiled[name] = torch.compile(model, dynamic=True)
+            self.warmup_seconds += time.perf_counter() - start
+        return self.compiled[name]
+
+
+_runners: "weakref.WeakKeyDictionary[PreTrainedModel, dict]" = weakref.WeakKeyDictionary()
+
+
+def runner_for(target: PreTrainedModel, draft: Optional[PreTrainedModel]) -> SpecRunner:
+    """The runner of this (target, draft) pair, kept on the target across generate() calls."""
+    per_target = _runners.setdefault(target, {})
+    key = id(draft) if draft is not None else None
+    runner = per_target.get(key)
+    if runner is None or runner.draft is not draft:
+        runner = per_target[key] = SpecRunner(target, draft)
+    return runner

@@ -1,0 +1,81 @@
+"""Costs of a round's pieces on this machine, for benchmarks and for the ideal-speedup formula.
+
+After a ``generate()`` call the runner still holds each bucket's state and graphs. This
+times, on one bucket, a draft step (1 token per row), the draft's first step (2 tokens),
+the target's verify forward (k+1 tokens), a plain target step (1 token) and a whole
+round (the captured propose + verify graphs), each as a captured graph replayed many
+times between CUDA events. All rows are marked done first, so the replays change no
+length: the shapes, and so the costs, are those of live rows.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Callable
+
+import torch
+
+from .fixed_round import propose, verify_and_commit
+from .spec_runner import SpecRunner
+
+
+def _time(fn: Callable[[], None], repeats: int) -> float:
+    """Median milliseconds of one call of ``fn`` (a graph replay or eager code)."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _graphed(fn: Callable[[], object], buffers: list[torch.Tensor]) -> Callable[[], None]:
+    saved = [t.clone() for t in buffers]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    for t, s in zip(buffers, saved):
+        t.copy_(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+@torch.no_grad()  # as in generate(): a forward with autograd on would compile another graph
+def time_stages(runner: SpecRunner, bucket: int, repeats: int = 50) -> dict[str, float]:
+    """Milliseconds per piece at ``bucket`` rows (a bucket the runner has used)."""
+    s = runner.states[bucket]
+    s.done.fill_(True)
+    spec, k = runner.spec, runner.spec.k
+    target = runner.models["target"]
+    device = s.hist.device
+    two = torch.arange(2, device=device)
+    pieces: dict[str, Callable[[], object]] = {
+        "target_step": lambda: target.forward(s.hist[:, 0].contiguous(), s.length - 1, s.target_tables, s.length, 1,
+                                              True),
+        "verify_forward": lambda: target.forward(s.hist[:, : k + 1].reshape(-1).contiguous(),
+                                                 ((s.length - 1)[:, None] + torch.arange(k + 1, device=device)).view(-1),
+                                                 s.target_tables, s.length + k, k + 1, False),
+        "verify_and_commit": lambda: verify_and_commit(s, target, spec),
+    }
+    if k:
+        draft = runner.models["draft"]
+        pieces["draft_step"] = lambda: draft.forward(s.hist[:, 0].contiguous(), s.length - 1, s.draft_tables,
+                                                     s.length, 1, True)
+        pieces["draft_first_step"] = lambda: draft.forward(
+            s.hist[:, :2].reshape(-1).contiguous(), ((s.length - 2)[:, None] + two).view(-1),
+            s.draft_tables, s.length, 2, True)
+        pieces["propose"] = lambda: propose(s, draft, spec)
+    out = {}
+    for name, fn in pieces.items():
+        run = _graphed(fn, s.tensors()) if runner.key.graphs else fn
+        out[name] = _time(run, repeats)
+    out["round"] = out["verify_and_commit"] + out.get("propose", 0.0)
+    return out

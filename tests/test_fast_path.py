@@ -1,0 +1,116 @@
+"""The fixed-shape runner on CPU: bucket changes, plain decoding (k = 0), reuse across calls, fallbacks.
+
+The runner's code is the same with or without CUDA graphs; on CPU it runs eagerly
+(``SpecConfig(bucketed=True)``), which is how CI covers the GPU fast path.
+"""
+import pytest
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+import hf_specdec
+from hf_specdec.runner import runner_for
+from models import left_padded_prompts, make_draft, make_model
+
+
+@pytest.fixture(scope="module")
+def target():
+    return hf_specdec.enable(make_model("llama", seed=3))
+
+
+def fast(**kw):
+    return hf_specdec.SpecConfig(bucketed=True, block_size=4, **kw)
+
+
+def test_rows_finish_at_different_rounds_and_the_batch_changes_bucket(target):
+    """Nine rows (bucket 16) with an EOS that some rows hit early: survivors move to smaller buckets."""
+    ids, mask = left_padded_prompts(9, seed=41)
+    plain = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=24, eos_token_id=None)
+    eos = int(plain[0, ids.shape[1] + 2])  # row 0 stops at its 3rd token; others later or never
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=24, eos_token_id=eos, pad_token_id=0)
+    expected = target.generate(**kw)
+    lengths = (expected[:, ids.shape[1]:] != 0).sum(1)
+    assert len(set(lengths.tolist())) > 2  # rows really finish at different times
+    draft = make_draft(target, "mix")
+    out = target.generate(**kw, assistant_model=draft, spec_config=fast(num_speculative_tokens=3),
+                          return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected)
+    runner = runner_for(target, draft)
+    assert 16 in runner.states and runner.state.size < 16  # started at bucket 16, ended in a smaller one
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_k0_is_plain_decoding_through_the_runner(target, batch):
+    ids, mask = left_padded_prompts(batch, seed=batch)
+    expected = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=9)
+    out = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=9,
+                          spec_config=fast(num_speculative_tokens=0), return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected)
+    assert out.spec_metrics.num_rounds == 8 and out.spec_metrics.num_draft_tokens == 0
+
+
+def test_second_call_reuses_buckets(target):
+    draft = make_draft(target, "full")
+    ids, mask = left_padded_prompts(3, seed=7)
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=10, assistant_model=draft,
+              spec_config=fast(num_speculative_tokens=2))
+    first = target.generate(**kw)
+    runner = runner_for(target, draft)
+    states = dict(runner.states)
+    second = target.generate(**kw)
+    assert torch.equal(first, second)
+    assert runner_for(target, draft) is runner
+    assert all(runner.states[b] is s for b, s in states.items())  # same buffers: graphs would replay
+
+
+def test_sampling_with_warpers_runs_on_the_runner(target):
+    draft = make_draft(target, "mix")
+    ids, mask = left_padded_prompts(4, seed=8)
+    out = target.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=0.7, top_k=20, top_p=0.9,
+                          max_new_tokens=12, assistant_model=draft, return_dict_in_generate=True,
+                          spec_config=fast(num_speculative_tokens=3, generator=torch.Generator().manual_seed(0)))
+    assert out.spec_metrics.fast_path == "bucketed"
+    assert out.sequences.shape[1] == ids.shape[1] + 12
+    assert 0 < out.spec_metrics.acceptance_rate < 1
+
+
+class ShiftLogits(LogitsProcessor):
+    """A user's own processor: the runner cannot know it is graph-safe."""
+
+    def __call__(self, input_ids, scores):
+        return scores + (input_ids[:, -1:] % 3).float()
+
+
+def test_unknown_processor_falls_back_to_eager_and_says_why(target):
+    ids, mask = left_padded_prompts(2, seed=9)
+    procs = LogitsProcessorList([ShiftLogits()])
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=8, logits_processor=procs)
+    expected = target.generate(**kw)
+    out = target.generate(**kw, assistant_model=make_draft(target, "mix"), return_dict_in_generate=True,
+                          spec_config=fast(num_speculative_tokens=2))
+    assert torch.equal(out.sequences, expected)
+    assert out.spec_metrics.fast_path.startswith("eager: ") and "ShiftLogits" in out.spec_metrics.fast_path
+
+
+def test_output_scores_fall_back_to_eager(target):
+    ids, mask = left_padded_prompts(2, seed=10)
+    out = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=5, output_scores=True,
+                          return_dict_in_generate=True, assistant_model=make_draft(target, "mix"),
+                          spec_config=fast(num_speculative_tokens=2))
+    assert out.spec_metrics.fast_path.startswith("eager: output_scores")
+    assert len(out.scores) == 5
+
+
+def test_cpu_defaults_to_eager_and_graph_switches_refuse_cpu(target):
+    ids, mask = left_padded_prompts(1, seed=11)
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=4,
+              assistant_model=make_draft(target, "mix"), return_dict_in_generate=True)
+    out = target.generate(**kw, spec_config=hf_specdec.SpecConfig(num_speculative_tokens=2))
+    assert out.spec_metrics.fast_path == "eager: no CUDA device (inputs on cpu)"
+    with pytest.raises(ValueError, match=r"cuda_graphs=True\) needs CUDA"):
+        target.generate(**kw, spec_config=hf_specdec.SpecConfig(cuda_graphs=True))
+    with pytest.raises(ValueError, match="compile=True"):
+        target.generate(**kw, spec_config=hf_specdec.SpecConfig(compile=True))
+    with pytest.raises(ValueError, match="num_speculative_tokens=0"):
+        hf_specdec.SpecConfig(num_speculative_tokens=0, bucketed=False)
+    with pytest.raises(ValueError, match="draft model"):
+        target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, spec_config=fast())
