@@ -1,19 +1,23 @@
-"""Where a speculative round's time goes on the GPU: stage times (synchronised) and a host profile.
+"""Where a fast-path round's time goes on the GPU: per-piece costs and the kernels inside the graphs.
 
 Random weights with the shapes of the project's model pair (453M target, 29M draft), so
-the per-round costs are those of the real pair; acceptance is not. Run on a GPU:
-    python -P benchmarks/profile_round.py --batch 1
+the per-round costs are those of the real pair; acceptance is not. For each batch size:
+one generate() on the runner (graphs + compile unless --no-compile), then
+``time_stages`` (draft step, verify forward, propose, verify+commit, plain target step),
+then a torch.profiler trace of replayed round graphs, summarised by kernel.
+
+    python benchmarks/profile_round.py --batches 1,32 [--no-compile] [--context 384]
 """
 import argparse
-import cProfile
-import io
-import pstats
 import time
+from collections import defaultdict
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_specdec
+from hf_specdec.runner import bucket_for, runner_for
+from hf_specdec.runner.stage_timing import time_stages
 
 
 def model(hidden, layers, inter, heads, kv):
@@ -22,40 +26,63 @@ def model(hidden, layers, inter, heads, kv):
     return LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
 
 
+def kernel_table(runner, bucket, rounds=20, top=14):
+    """Kernel time per round inside the captured propose + verify graphs, grouped by kernel name."""
+    graphs = [runner.graphs[(name, bucket)] for name in ("propose", "verify") if (name, bucket) in runner.graphs]
+    runner.states[bucket].done.fill_(True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(rounds):
+            for g in graphs:
+                g()
+        torch.cuda.synchronize()
+    per_kernel = defaultdict(float)
+    count = defaultdict(int)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per_kernel[e.name[:70]] += e.device_time / rounds
+            count[e.name[:70]] += 1
+    total = sum(per_kernel.values())
+    print(f"  kernels per round: {sum(count.values()) // rounds}, GPU busy {total / 1000:.3f} ms")
+    for name, us in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {us:8.1f} us  {count[name] // rounds:4d}x  {name}")
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--batches", default="1,32")
     ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--context", type=int, default=384, help="prompt tokens")
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--kv-splits", type=int, default=None, help="paged attention's MAX_KV_SPLITS (A/B runs)")
     args = ap.parse_args()
+    if args.kv_splits is not None:
+        from hf_specdec.kernels import paged_attention_triton
+
+        paged_attention_triton.MAX_KV_SPLITS = args.kv_splits
+        print(f"MAX_KV_SPLITS = {args.kv_splits}")
     torch.manual_seed(0)
     target = hf_specdec.enable(model(1536, 16, 4096, 12, 4))
     draft = model(512, 4, 1536, 8, 4)
-    ids = torch.randint(3, 16384, (args.batch, 200), device="cuda")
-    kw = dict(input_ids=ids, do_sample=False, max_new_tokens=args.max_new_tokens, eos_token_id=None, pad_token_id=0,
-              assistant_model=draft, return_dict_in_generate=True)
-    for sync in (False, True):
-        spec = hf_specdec.SpecConfig(num_speculative_tokens=args.k, sync_stage_timing=sync)
-        target.generate(**kw, spec_config=spec)  # warm-up (Triton JIT)
-        torch.cuda.synchronize()
+    spec = hf_specdec.SpecConfig(num_speculative_tokens=args.k, compile=not args.no_compile)
+    for b in [int(x) for x in args.batches.split(",")]:
+        ids = torch.randint(3, 16384, (b, args.context), device="cuda")
+        kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=32,
+                  eos_token_id=None, pad_token_id=0, assistant_model=draft, spec_config=spec,
+                  return_dict_in_generate=True)
         t0 = time.perf_counter()
-        out = target.generate(**kw, spec_config=spec)
-        torch.cuda.synchronize()
-        m = out.spec_metrics
-        wall = time.perf_counter() - t0
-        print(f"sync={sync}: {wall * 1e3:.1f} ms, {m.num_rounds} rounds, {wall / m.num_rounds * 1e3:.2f} ms/round; "
-              f"per round: propose {m.propose_seconds / m.num_rounds * 1e3:.2f} score "
-              f"{m.score_seconds / m.num_rounds * 1e3:.2f} verify {m.verify_seconds / m.num_rounds * 1e3:.2f} ms",
-              flush=True)
-    spec = hf_specdec.SpecConfig(num_speculative_tokens=args.k)
-    prof = cProfile.Profile()
-    prof.enable()
-    target.generate(**kw, spec_config=spec)
-    torch.cuda.synchronize()
-    prof.disable()
-    s = io.StringIO()
-    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(30)
-    print(s.getvalue())
+        m = target.generate(**kw).spec_metrics
+        print(f"b={b}: first call {time.perf_counter() - t0:.1f}s (warm-up {m.warmup_seconds:.1f}s) [{m.fast_path}]")
+        m = target.generate(**kw).spec_metrics
+        print(f"b={b}: second call: {m.decode_seconds * 1000 / max(m.num_rounds, 1):.3f} ms/round over "
+              f"{m.num_rounds} rounds, prefill {m.prefill_seconds * 1000:.1f} ms, warm-up {m.warmup_seconds:.2f}s")
+        runner = runner_for(target, draft)
+        bucket = bucket_for(b)
+        costs = time_stages(runner, bucket)
+        print("  " + "  ".join(f"{k} {v:.3f}" for k, v in costs.items()) + "  (ms)")
+        forwards = args.k * costs["draft_step"] + costs["draft_first_step"] - costs["draft_step"] + costs["verify_forward"]
+        print(f"  forwards {forwards:.3f} ms of a {costs['round']:.3f} ms round: outside {1 - forwards / costs['round']:.1%};"
+              f" propose / (k x draft_step) = {costs['propose'] / (args.k * costs['draft_step']):.2f}")
+        kernel_table(runner, bucket)
 
 
 if __name__ == "__main__":

@@ -298,11 +298,12 @@ def paged_attention_triton(
     return out
 
 
-# Split-KV (flash-decoding) is off by default: on an H200 (benchmarks/kernels.py, 2026-11-22)
-# the extra launch and partials cost more than they saved at ctx 1024 (B=1 decode 80 us split
-# vs 59 us whole, B=32 verify k=8 81 vs 66 us; only B=32 decode gained, 56 vs 70 us).
-# Set to e.g. 16 to enable it for long contexts at small batch.
-MAX_KV_SPLITS = 1
+# Split-KV (flash-decoding) for grids too small to fill the device. Measured on an H100 inside the
+# fast path's graphs (benchmarks/profile_round.py, 453M/29M pair shapes, context ~400, 2026-11-23):
+# the 32 attention calls of a k=4 round cost 573 us unsplit, 223 us with up to 4 splits and 123 us
+# with up to 16 at batch 1 (round 4.21 -> 3.84 ms); 660 -> 427 us (+130 us combine) at batch 32.
+# (An earlier eager-launch measurement found splitting slower: there each extra launch cost more.)
+MAX_KV_SPLITS = 16
 
 
 def _num_kv_splits(programs: int, max_context: int, block_n: int, device: torch.device) -> int:
