@@ -14,7 +14,6 @@ the rows back into the call's ``SequenceBatch``.
 from __future__ import annotations
 
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Optional
 
@@ -236,12 +235,10 @@ class SpecRunner:
         return self.compiled[name]
 
 
-_runners: "weakref.WeakKeyDictionary[PreTrainedModel, dict]" = weakref.WeakKeyDictionary()
-
-
 def runner_for(target: PreTrainedModel, draft: Optional[PreTrainedModel]) -> SpecRunner:
-    """The runner of this (target, draft) pair, kept on the target across generate() calls."""
-    per_target = _runners.setdefault(target, {})
+    """The runner of this (target, draft) pair, kept on the target across generate() calls (an attribute,
+    so it lives and dies with the model)."""
+    per_target = target.__dict__.setdefault("_hf_specdec_runners", {})
     key = id(draft) if draft is not None else None
     runner = per_target.get(key)
     if runner is None or runner.draft is not draft:
