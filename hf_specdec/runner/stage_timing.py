@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from .fixed_round import propose, verify_and_commit
+from .graphs import StageGraph
 from .spec_runner import SpecRunner
 
 
@@ -31,21 +32,6 @@ def _time(fn: Callable[[], None], repeats: int) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
-
-
-def _graphed(fn: Callable[[], object], buffers: list[torch.Tensor]) -> Callable[[], None]:
-    saved = [t.clone() for t in buffers]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    for t, s in zip(buffers, saved):
-        t.copy_(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 @torch.no_grad()  # as in generate(): a forward with autograd on would compile another graph
@@ -75,7 +61,7 @@ def time_stages(runner: SpecRunner, bucket: int, repeats: int = 50) -> dict[str,
         pieces["propose"] = lambda: propose(s, draft, spec)
     out = {}
     for name, fn in pieces.items():
-        run = _graphed(fn, s.tensors()) if runner.key.graphs else fn
+        run = StageGraph(fn, s.tensors()) if runner.key.graphs else fn
         out[name] = _time(run, repeats)
     out["round"] = out["verify_and_commit"] + out.get("propose", 0.0)
     return out
