@@ -33,7 +33,7 @@ from .metrics import SpecMetrics, StageTimer
 from .path_choice import choose_path
 from .runner import runner_for
 from .sampling import choose_tokens
-from .setup import build_caches, check_request
+from .setup import build_caches, cache_budget, check_request
 from .strategies.draft_model import DraftModelProposer
 from .strategies.target_scorer import TargetScorer
 from .strategies.verifier import Verifier
@@ -78,8 +78,9 @@ def speculative_generate(
         runner = runner_for(model, draft_model if k else None)
         spec = round_spec(k, do_sample, spec_config.acceptance, path.logits, gen, spec_config.posterior_threshold,
                           spec_config.posterior_alpha)
+        blocks, hint = cache_budget(model, draft_model if k else None, batch, spec_config, runner.pool_bytes())
         runner.begin(batch, spec, path.logits.signature, request.vocab_size, path.graphs, path.compile,
-                     spec_config.block_size, spec_config.cache_tokens)
+                     spec_config.block_size, blocks, hint)
         models = (model,) if k == 0 else (model, draft_model)
         with paged_attention_enabled(*models):
             run_fast(runner, batch, spec, logits, committer, request.eos_token_ids, metrics, timer)

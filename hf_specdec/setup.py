@@ -6,6 +6,7 @@ cannot be served exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
@@ -103,23 +104,31 @@ def _bytes_per_token(model: PreTrainedModel) -> int:
     return 2 * cfg.num_hidden_layers * kv_heads * head_dim * model.dtype.itemsize
 
 
+def cache_budget(target: PreTrainedModel, draft, batch: SequenceBatch, spec: SpecConfig,
+                 held_bytes: int = 0) -> tuple[Optional[int], str]:
+    """Blocks per model's cache from SpecConfig (None: exactly what the call needs) and the hint an
+    exhausted budget names. ``held_bytes``: pool memory this pair already holds (a runner reusing its
+    pools), counted as free so that the budget does not shrink call after call."""
+    bs = spec.block_size
+    if spec.cache_tokens is not None:
+        return blocks_for(spec.cache_tokens, bs), f"Raise SpecConfig.cache_tokens (now {spec.cache_tokens})."
+    if spec.cache_memory_fraction is not None and batch.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(batch.device)
+        per_block = bs * sum(_bytes_per_token(m) for m in (target, draft) if m is not None)
+        blocks = int((free + held_bytes) * spec.cache_memory_fraction) // per_block
+        return blocks, f"Raise SpecConfig.cache_memory_fraction (now {spec.cache_memory_fraction})."
+    return None, "Set SpecConfig.cache_tokens to a larger budget."
+
+
 def build_caches(target: PreTrainedModel, draft: PreTrainedModel, batch: SequenceBatch,
                  spec: SpecConfig) -> tuple[PagedKVCache, PagedKVCache]:
     """Both caches get the same number of blocks: every token needs a slot in each (vLLM splits evenly)."""
     bs = spec.block_size
     per_seq = max(batch.real_len(b) for b in range(batch.size)) + batch.max_new_tokens + spec.num_speculative_tokens + 1
-    if spec.cache_tokens is not None:
-        num_blocks = blocks_for(spec.cache_tokens, bs)
-        hint = f"Raise SpecConfig.cache_tokens (now {spec.cache_tokens})."
-    elif spec.cache_memory_fraction is not None and batch.device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(batch.device)
-        per_block = bs * (_bytes_per_token(target) + _bytes_per_token(draft))
-        num_blocks = int(free * spec.cache_memory_fraction) // per_block
-        hint = f"Raise SpecConfig.cache_memory_fraction (now {spec.cache_memory_fraction})."
-    else:
+    num_blocks, hint = cache_budget(target, draft, batch, spec)
+    if num_blocks is None:
         num_blocks = sum(blocks_for(batch.real_len(b) + batch.max_new_tokens + spec.num_speculative_tokens + 1, bs)
                          for b in range(batch.size))
-        hint = "Set SpecConfig.cache_tokens to a larger budget."
     if num_blocks < 1:
         raise ValueError(f"the KV cache budget gives no block of {bs} tokens; {hint}")
     caches = []

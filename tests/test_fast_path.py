@@ -114,3 +114,21 @@ def test_cpu_defaults_to_eager_and_graph_switches_refuse_cpu(target):
         hf_specdec.SpecConfig(num_speculative_tokens=0, bucketed=False)
     with pytest.raises(ValueError, match="draft model"):
         target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, spec_config=fast())
+
+
+def test_typical_acceptance_runs_on_the_runner(target):
+    ids, mask = left_padded_prompts(3, seed=12)
+    out = target.generate(input_ids=ids, attention_mask=mask, do_sample=True, top_k=0, max_new_tokens=10,
+                          assistant_model=make_draft(target, "full"), return_dict_in_generate=True,
+                          spec_config=fast(num_speculative_tokens=3, acceptance="typical"))
+    assert out.spec_metrics.fast_path == "bucketed"
+    assert out.spec_metrics.acceptance_rate > 0.5  # a copy of the target is typical by construction
+    assert out.sequences.shape == (3, ids.shape[1] + 10)
+
+
+def test_exhausted_cache_budget_names_the_setting(target):
+    ids, mask = left_padded_prompts(4, seed=13)
+    with pytest.raises(hf_specdec.CacheBudgetError, match="cache_tokens"):
+        target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=30,
+                        assistant_model=make_draft(target, "mix"),
+                        spec_config=fast(num_speculative_tokens=2, cache_tokens=40))

@@ -66,17 +66,16 @@ class SpecRunner:
 
     # -- per call ------------------------------------------------------------------
     def begin(self, batch, spec: RoundSpec, logits_signature: tuple, vocab: int, graphs: bool, compile: bool,
-              block_size: int, cache_tokens: Optional[int]) -> None:
-        """Size (or reuse) caches and buckets for this call and reserve every row's whole budget."""
+              block_size: int, cache_blocks: Optional[int], hint: str) -> None:
+        """Size (or reuse) caches and buckets for this call and reserve every row's whole budget.
+        ``cache_blocks``: the user's budget per cache (None: what the call needs, rounded up)."""
         self.spec, self.batch, self.warmup_seconds = spec, batch, 0.0
         k = spec.k
         budgets = [batch.real_len(b) + batch.max_new_tokens + k + 1 for b in range(batch.size)]
         scratch_tokens = k + 2  # padding rows write positions 0..k+1
         need = sum(blocks_for(n, block_size) for n in budgets) + blocks_for(scratch_tokens, block_size)
-        hint = "Set SpecConfig.cache_tokens to a larger budget."
-        if cache_tokens is not None:
-            pool_blocks = blocks_for(cache_tokens, block_size) + blocks_for(scratch_tokens, block_size)
-            hint = f"Raise SpecConfig.cache_tokens (now {cache_tokens})."
+        if cache_blocks is not None:
+            pool_blocks = cache_blocks + blocks_for(scratch_tokens, block_size)
         else:
             pool_blocks = max(_capacity(need, 64), self.key.pool_blocks if self.key else 0)
         # Capacities only grow, and block tables are as wide as the models' longest sequence (a wide
@@ -170,6 +169,11 @@ class SpecRunner:
                 graph = self.graphs[(name, B)] = StageGraph(stage, s.tensors(), self.spec.generator)
                 self.warmup_seconds += graph.capture_seconds
             graph()
+
+    def pool_bytes(self) -> int:
+        """Device memory held by both caches' pools."""
+        return sum(t.numel() * t.element_size() for cache in self.caches.values()
+                   for pools in (cache.key_pools, cache.value_pools) for t in pools.values())
 
     def read(self, with_keep: bool) -> list[list[int]]:
         """The round's one host synchronisation: per bucket row [done, gen] (and keep)."""
