@@ -78,9 +78,10 @@ class SpecRunner:
             pool_blocks = cache_blocks + blocks_for(scratch_tokens, block_size)
         else:
             pool_blocks = max(_capacity(need, 64), self.key.pool_blocks if self.key else 0)
-        # Capacities only grow, and block tables are as wide as the models' longest sequence (a wide
-        # table costs nothing: attention stops at each row's length), so few calls change a shape.
-        longest = max(budgets + [self._max_positions()])
+        # Capacities only grow, and with graphs block tables are as wide as the models' longest sequence
+        # (a wide table costs the Triton kernels nothing: attention stops at each row's length), so few
+        # calls change a shape. Without graphs (CPU) the torch reference reads whole tables: keep them tight.
+        longest = max(budgets + ([self._max_positions()] if graphs else []))
         key = RunnerKey(k, spec.do_sample, spec.acceptance, logits_signature, id(spec.generator), graphs,
                         compile and self.compile_error is None, block_size, pool_blocks,
                         max(_capacity(batch.tokens.shape[1], 64), self.key.width if self.key else 0),
