@@ -132,3 +132,15 @@ def test_exhausted_cache_budget_names_the_setting(target):
         target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=30,
                         assistant_model=make_draft(target, "mix"),
                         spec_config=fast(num_speculative_tokens=2, cache_tokens=40))
+
+
+def test_copies_of_a_model_do_not_copy_its_runners(target):
+    """Runners stay with their model: a deepcopy (how users often build a draft) starts with none."""
+    import copy
+
+    ids, mask = left_padded_prompts(2, seed=14)
+    target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=4,
+                    assistant_model=make_draft(target, "mix"), spec_config=fast(num_speculative_tokens=2))
+    assert len(target.__dict__["_hf_specdec_runners"]) >= 1
+    clone = copy.deepcopy(target)
+    assert len(clone.__dict__["_hf_specdec_runners"]) == 0
