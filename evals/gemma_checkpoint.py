@@ -200,8 +200,8 @@ def check_greedy(target, tok, batches=(1, 4), paths=("eager", "bucketed"), draft
     """
     import hf_specdec
 
-    hf_specdec.enable(target)
     models = {"copy": copy.deepcopy(target), "tiny": tiny_draft(target)}
+    hf_specdec.enable(target)
     common = dict(do_sample=False, max_new_tokens=max_new_tokens, return_dict_in_generate=True, output_logits=True)
     rows = []
     for batch in batches:
