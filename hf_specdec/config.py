@@ -7,14 +7,23 @@ from typing import Optional
 import torch
 
 ACCEPTANCE_METHODS = ("rejection", "typical", "greedy")
+PROPOSAL_METHODS = ("draft", "ngram")
 
 
 @dataclass
 class SpecConfig:
     """Settings of speculative decoding.
 
-    num_speculative_tokens: draft tokens proposed per round (k >= 1; k = 0 is plain decoding
-        through the same fixed-shape runner, no draft model needed: the project's own baseline).
+    num_speculative_tokens: draft tokens proposed per round; with ``adaptive`` the most a round
+        proposes (k = 0 is plain decoding through the same fixed-shape runner, no draft model
+        needed: the project's own baseline).
+    method: "draft" (a draft model, ``assistant_model=``) or "ngram" (prompt lookup: the tokens
+        that followed the latest earlier occurrence of the row's last n tokens; no draft model).
+    prompt_lookup_min, prompt_lookup_max: the n-gram sizes tried, longest first.
+    adaptive: choose each round's k in [0, num_speculative_tokens] from the acceptance measured
+        per row and the round costs measured on this machine. False keeps k fixed. None: on,
+        except with a ``generator`` (the k schedule follows measured timings, so seeded sampled
+        runs repeat bit for bit only at a fixed k; the output distribution is exact either way).
     acceptance: "rejection" (exact; the default), "typical" (vLLM's typical acceptance:
         faster, not exact) or "greedy". Without ``do_sample`` verification is greedy
         whatever this says, so greedy output equals the target's own greedy output.
@@ -39,6 +48,10 @@ class SpecConfig:
     """
 
     num_speculative_tokens: int = 4
+    method: str = "draft"
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 3
+    adaptive: Optional[bool] = None
     acceptance: str = "rejection"
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
@@ -55,7 +68,13 @@ class SpecConfig:
         k = self.num_speculative_tokens
         if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= 64:
             raise ValueError(f"SpecConfig.num_speculative_tokens must be an int in [0, 64]; got {k!r}.")
-        for name in ("bucketed", "cuda_graphs", "compile"):
+        if self.method not in PROPOSAL_METHODS:
+            raise ValueError(f"SpecConfig.method must be one of {PROPOSAL_METHODS}; got {self.method!r}.")
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (lo, hi)) or not 1 <= lo <= hi <= 32:
+            raise ValueError(f"SpecConfig.prompt_lookup_min/max must be ints with 1 <= min <= max <= 32; "
+                             f"got {lo!r}, {hi!r}.")
+        for name in ("bucketed", "cuda_graphs", "compile", "adaptive"):
             if getattr(self, name) not in (None, True, False):
                 raise ValueError(f"SpecConfig.{name} must be None, True or False; got {getattr(self, name)!r}.")
         if k == 0 and self.bucketed is False:

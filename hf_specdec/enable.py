@@ -7,6 +7,10 @@ Without ``spec_config`` the call goes to the original ``generate`` untouched.
 
 transformers also drops ``tokenizer`` on that path, which stop strings need, so the
 wrapper turns stop strings into Hugging Face's own ``StopStringCriteria`` itself.
+
+Hugging Face's prompt lookup (``prompt_lookup_num_tokens=``, ``max_matching_ngram_size=``)
+runs only at batch size 1; on an enabled model it becomes
+``SpecConfig(method="ngram")``, batched, with the same meaning.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import functools
 
 from transformers import PreTrainedModel, StoppingCriteriaList, StopStringCriteria
 
+from .config import SpecConfig
 from .generate import speculative_generate
 
 
@@ -24,6 +29,8 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
 
     @functools.wraps(original)
     def generate(*args, spec_config=None, **kwargs):
+        if spec_config is None:
+            spec_config = _prompt_lookup_config(model, kwargs)
         if spec_config is None:
             return original(*args, **kwargs)
         if kwargs.get("custom_generate") is not None:
@@ -52,3 +59,16 @@ def _stop_strings_as_criteria(model: PreTrainedModel, kwargs: dict) -> None:
     criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
     kwargs["stopping_criteria"] = criteria
     kwargs["stop_strings"] = None  # also overrides stop strings set in the generation config
+
+
+def _prompt_lookup_config(model: PreTrainedModel, kwargs: dict):
+    """Hugging Face's prompt lookup arguments as an n-gram SpecConfig (None when not asked for)."""
+    config = kwargs.get("generation_config") or model.generation_config
+    num = kwargs.get("prompt_lookup_num_tokens", getattr(config, "prompt_lookup_num_tokens", None))
+    if num is None or kwargs.get("assistant_model") is not None:
+        return None
+    max_n = kwargs.pop("max_matching_ngram_size", None) or getattr(config, "max_matching_ngram_size", None) or 2
+    kwargs.pop("prompt_lookup_num_tokens", None)
+    kwargs["prompt_lookup_num_tokens"] = None  # also overrides a value set in the generation config
+    kwargs["max_matching_ngram_size"] = None
+    return SpecConfig(num_speculative_tokens=num, method="ngram", prompt_lookup_min=1, prompt_lookup_max=max_n)

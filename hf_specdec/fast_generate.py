@@ -2,8 +2,9 @@
 
     prefill    both models read the prompts; the target's first token is committed as on
                the eager path (Hugging Face's processors and stopping criteria)
-    rounds     runner.round(): propose + verify + accept + commit on the device (graph
-               replays on GPU); runner.read(): the one sync, done flags and lengths
+    rounds     policy.choose(): this round's k (strategies/speculation_length.py);
+               runner.round(k): propose + verify + accept + commit on the device (graph
+               replays on GPU); runner.read(): the one sync, done flags, lengths, verdicts
     criteria   stopping criteria that need the host (stop strings, max_time, the user's
                own) run on the tokens just committed; a stop cuts the row on the device
     shrink     finished rows go back to the call's buffer; the survivors move to a smaller
@@ -14,6 +15,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Optional
 
+import time
+
 import torch
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 
@@ -23,10 +26,12 @@ from .logits import LogitsPipeline
 from .metrics import SpecMetrics, StageTimer
 from .runner import RoundSpec, SpecRunner, bucket_for
 from .sampling import choose_tokens
+from .strategies.speculation_length import SpeculationLength
 
 
 def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: LogitsPipeline,
-             committer: Committer, eos_ids: list[int], metrics: SpecMetrics, timer: StageTimer) -> None:
+             committer: Committer, eos_ids: list[int], metrics: SpecMetrics, timer: StageTimer,
+             policy: SpeculationLength) -> None:
     rows = batch.active_rows()
     with timer("prefill_seconds"):
         raw = runner.prefill(rows)
@@ -39,10 +44,16 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
     runner.load(rows, eos_ids)
     criteria = committer.criteria
     while True:
+        bucket, warm = runner.state.size, runner.warmup_seconds
+        k = policy.choose(bucket, [r for r in rows if r is not None])
+        start = time.perf_counter()
         with timer("round_seconds"):
-            runner.round()
+            runner.round(k)
+            host = runner.read()  # the round's one sync
+        seconds = time.perf_counter() - start
         metrics.num_rounds += 1
-        host = runner.read(with_keep=bool(criteria))  # the round's one sync
+        policy.observe(bucket, k, seconds if runner.warmup_seconds == warm else None,
+                       [(r, h[3], h[4]) for r, h in zip(rows, host) if r is not None])
         if criteria:
             cuts = host_criteria(runner, criteria, batch.prompt_width, host)
             if cuts:
@@ -62,8 +73,8 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
         if bucket_for(len(live)) < runner.state.size:
             runner.shrink(torch.tensor(live, device=batch.device))
             rows = [rows[i] for i in live]
-    drafts, accepted, per_position = runner.statistics()
-    metrics.record_totals(drafts, accepted, per_position)
+    metrics.record_totals(**runner.statistics())
+    metrics.k_histogram = dict(sorted(policy.histogram.items()))
 
 
 def host_criteria(runner: SpecRunner, criteria: StoppingCriteriaList, prompt_width: int,
@@ -75,7 +86,7 @@ def host_criteria(runner: SpecRunner, criteria: StoppingCriteriaList, prompt_wid
     cuts: dict[int, int] = {}
     for j in range(max((h[2] for h in host), default=0)):
         groups: dict[int, list[int]] = defaultdict(list)
-        for i, (done, gen, keep) in enumerate(host):
+        for i, (done, gen, keep, *_) in enumerate(host):
             if j < keep and i not in cuts:
                 groups[prompt_width + gen - keep + j + 1].append(i)
         for length, members in groups.items():
@@ -87,6 +98,7 @@ def host_criteria(runner: SpecRunner, criteria: StoppingCriteriaList, prompt_wid
 
 
 def round_spec(k: int, do_sample: bool, acceptance: str, logits_fn, generator: Optional[torch.Generator],
-               posterior_threshold: float, posterior_alpha: float) -> RoundSpec:
+               posterior_threshold: float, posterior_alpha: float, method: str = "draft",
+               ngram_sizes: tuple = (1, 3)) -> RoundSpec:
     return RoundSpec(k, do_sample, "greedy" if not do_sample else acceptance, logits_fn, generator,
-                     posterior_threshold, posterior_alpha)
+                     posterior_threshold, posterior_alpha, method, ngram_sizes)

@@ -31,10 +31,12 @@ from .fast_generate import round_spec, run_fast
 from .logits import LogitsPipeline
 from .metrics import SpecMetrics, StageTimer
 from .path_choice import choose_path
-from .runner import runner_for
+from .runner import bucket_for, runner_for
 from .sampling import choose_tokens
 from .setup import build_caches, cache_budget, check_request
 from .strategies.draft_model import DraftModelProposer
+from .strategies.ngram import NgramProposer
+from .strategies.speculation_length import SpeculationLength
 from .strategies.target_scorer import TargetScorer
 from .strategies.verifier import Verifier
 
@@ -74,25 +76,31 @@ def speculative_generate(
     if spec_streamer is not None:
         spec_streamer.put(input_ids.cpu())
 
+    method, ngram_sizes = spec_config.method, (spec_config.prompt_lookup_min, spec_config.prompt_lookup_max)
+    draft = draft_model if k and method == "draft" else None
+    adaptive = spec_config.adaptive if spec_config.adaptive is not None else gen is None
     if path.bucketed:
-        runner = runner_for(model, draft_model if k else None)
+        runner = runner_for(model, draft)
         spec = round_spec(k, do_sample, spec_config.acceptance, path.logits, gen, spec_config.posterior_threshold,
-                          spec_config.posterior_alpha)
-        blocks, hint = cache_budget(model, draft_model if k else None, batch, spec_config, runner.pool_bytes())
+                          spec_config.posterior_alpha, method, ngram_sizes)
+        blocks, hint = cache_budget(model, draft, batch, spec_config, runner.pool_bytes())
         runner.begin(batch, spec, path.logits.signature, request.vocab_size, path.graphs, path.compile,
                      spec_config.block_size, blocks, hint)
-        models = (model,) if k == 0 else (model, draft_model)
-        with paged_attention_enabled(*models):
-            run_fast(runner, batch, spec, logits, committer, request.eos_token_ids, metrics, timer)
+        policy = SpeculationLength(k, adaptive, method, runner.round_costs, runner.acceptance_prior)
+        with paged_attention_enabled(*((model,) if draft is None else (model, draft))):
+            run_fast(runner, batch, spec, logits, committer, request.eos_token_ids, metrics, timer, policy)
+        runner.acceptance_prior = policy.mean_acceptance() or runner.acceptance_prior
         metrics.warmup_seconds = runner.warmup_seconds
         return _finish(batch, request, generation_config, committer, metrics, start)
 
-    target_cache, draft_cache = build_caches(model, draft_model, batch, spec_config)
+    target_cache, draft_cache = build_caches(model, draft, batch, spec_config)
     scorer = TargetScorer(model, target_cache, k)
-    proposer = DraftModelProposer(draft_model, draft_cache, logits, k, request.vocab_size, do_sample, gen)
+    proposer = (NgramProposer(*ngram_sizes) if method == "ngram"
+                else DraftModelProposer(draft_model, draft_cache, logits, k, request.vocab_size, do_sample, gen))
     verifier = Verifier(spec_config.acceptance, do_sample, k, gen, spec_config.posterior_threshold,
                         spec_config.posterior_alpha)
-    with paged_attention_enabled(model, draft_model):
+    policy = SpeculationLength(k, adaptive, method)
+    with paged_attention_enabled(*((model,) if draft is None else (model, draft))):
         rows = batch.active_rows()
         with timer("prefill_seconds"):
             raw = scorer.prefill(batch, rows)[:, : request.vocab_size]
@@ -102,20 +110,30 @@ def speculative_generate(
         release(committer.commit(batch, rows, [[t] for t in first.tolist()], scores, raw, 1), scorer, proposer)
 
         while rows := batch.active_rows():
+            k_round, started = policy.choose(bucket_for(len(rows)), rows), time.perf_counter()
             with timer("propose_seconds"):
-                proposal = proposer.get_candidates(batch, rows)
+                proposal = proposer.get_candidates(batch, rows, k_round) if k_round else None
             with timer("score_seconds"):
-                raw = scorer.score(batch, rows)[:, : request.vocab_size]
-                scores = logits(raw, batch.tokens, *batch.history_lens(rows, k + 1))
+                raw = scorer.score(batch, rows, k_round)[:, : request.vocab_size]
+                scores = logits(raw, batch.tokens, *batch.history_lens(rows, k_round + 1))
             with timer("verify_seconds"):
-                emitted, num_accepted = verifier(proposal, scores)
-            host = torch.cat([num_accepted[:, None], emitted], dim=1).tolist()  # the round's one sync
+                if proposal is None:  # k = 0: a plain decoding step
+                    emitted, num_accepted = choose_tokens(scores, do_sample, gen)[0][:, None], first.new_zeros(len(rows))
+                else:
+                    emitted, num_accepted = verifier(proposal, scores)
+            counts = proposal.counts if proposal is not None and proposal.counts is not None else None
+            parts = [num_accepted[:, None], emitted] + ([] if counts is None else [counts[:, None]])
+            host = torch.cat(parts, dim=1).tolist()  # the round's one sync
             accepted = [h[0] for h in host]
             runs = [h[1 : a + 2] for h, a in zip(host, accepted)]
-            metrics.record_round(accepted, k)
-            proposer.update_candidate_strategy(batch, rows, accepted)
+            drafted = [h[-1] for h in host] if counts is not None else [k_round] * len(rows)
+            metrics.record_round(accepted, k_round, drafted)
+            policy.observe(bucket_for(len(rows)), k_round, time.perf_counter() - started,
+                           list(zip(rows, accepted, drafted)))
+            if k_round:
+                proposer.update_candidate_strategy(batch, rows, accepted)
             scorer.update_after_verify(batch, rows, accepted)
-            release(committer.commit(batch, rows, runs, scores, raw, k + 1), scorer, proposer)
+            release(committer.commit(batch, rows, runs, scores, raw, k_round + 1), scorer, proposer)
     return _finish(batch, request, generation_config, committer, metrics, start)
 
 
@@ -136,7 +154,7 @@ def _finish(batch: SequenceBatch, request, generation_config, committer: Committ
     )
 
 
-def release(rows: list[int], scorer: TargetScorer, proposer: DraftModelProposer) -> None:
+def release(rows: list[int], scorer: TargetScorer, proposer) -> None:
     if rows:
         scorer.release(rows)
         proposer.release(rows)

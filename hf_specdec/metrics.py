@@ -26,6 +26,8 @@ class SpecMetrics:
     prefill_seconds: float = 0.0
     round_seconds: float = 0.0
     total_seconds: float = 0.0
+    k_histogram: dict = field(default_factory=dict)  # k -> rounds that proposed k tokens
+    num_row_rounds: int = 0  # live rows summed over rounds
     fast_path: str = ""  # "graphs+compile", "graphs", "bucketed" or "eager: <reason>"
     warmup_seconds: float = 0.0  # graph capture and compilation inside this call
 
@@ -38,30 +40,35 @@ class SpecMetrics:
         return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
 
     @property
+    def match_fraction(self) -> float:
+        """Rows that proposed something, per row and round that could (n-gram: rows that found a match)."""
+        return self.num_drafts / self.num_row_rounds if self.num_row_rounds else 0.0
+
+    @property
     def acceptance_per_position(self) -> list:
         """Share of drafts whose j-th token was accepted (as part of the accepted prefix)."""
         return [a / self.num_drafts if self.num_drafts else 0.0 for a in self.accepted_per_position]
 
-    def record_round(self, num_accepted: list, k: int) -> None:
-        if not self.accepted_per_position:
-            self.accepted_per_position = [0] * k
+    def record_round(self, num_accepted: list, k: int, counts: list = None) -> None:
+        """One round of the eager path: ``counts`` drafts per row (None: k each; 0 for a row that did
+        not propose)."""
+        counts = [k] * len(num_accepted) if counts is None else counts
         self.num_rounds += 1
-        self.num_drafts += len(num_accepted)
-        self.num_draft_tokens += k * len(num_accepted)
-        self.num_accepted_tokens += sum(num_accepted)
-        for a in num_accepted:
-            for j in range(a):
-                self.accepted_per_position[j] += 1
+        self.k_histogram[k] = self.k_histogram.get(k, 0) + 1
+        if k == 0:
+            return
+        self.record_totals(len(num_accepted), sum(c > 0 for c in counts), sum(counts), sum(num_accepted),
+                           [sum(a > j for a in num_accepted) for j in range(k)])
 
-    def record_totals(self, drafts: int, accepted: int, per_position: list) -> None:
-        """The fast path's statistics, summed on the device over all its rounds."""
-        k = self.num_speculative_tokens
+    def record_totals(self, rows: int, drafts: int, draft_tokens: int, accepted: int, per_position: list) -> None:
+        """Statistics of rounds that proposed (the fast path's are summed on the device over the call)."""
+        self.num_row_rounds += rows
         self.num_drafts += drafts
-        self.num_draft_tokens += k * drafts
+        self.num_draft_tokens += draft_tokens
         self.num_accepted_tokens += accepted
-        if not self.accepted_per_position:
-            self.accepted_per_position = [0] * k
-        self.accepted_per_position = [a + b for a, b in zip(self.accepted_per_position, per_position)]
+        width = max(len(self.accepted_per_position), len(per_position))
+        old = self.accepted_per_position + [0] * (width - len(self.accepted_per_position))
+        self.accepted_per_position = [a + b for a, b in zip(old, list(per_position) + [0] * (width - len(per_position)))]
 
     @property
     def decode_seconds(self) -> float:
@@ -70,7 +77,7 @@ class SpecMetrics:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.update(acceptance_rate=self.acceptance_rate, mean_acceptance_length=self.mean_acceptance_length,
+        d.update(acceptance_rate=self.acceptance_rate, match_fraction=self.match_fraction, mean_acceptance_length=self.mean_acceptance_length,
                  acceptance_per_position=self.acceptance_per_position, decode_seconds=self.decode_seconds)
         return d
 

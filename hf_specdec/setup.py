@@ -58,8 +58,12 @@ def check_vocabularies(target: PreTrainedModel, draft: PreTrainedModel) -> int:
 
 def check_request(model, draft_model, input_ids, generation_config: GenerationConfig, spec_config: SpecConfig,
                   model_kwargs: dict, streamer) -> Request:
-    if draft_model is None and spec_config.num_speculative_tokens > 0:
-        raise ValueError("speculative decoding needs a draft model: pass assistant_model=<draft> to generate().")
+    if spec_config.method == "ngram" and draft_model is not None:
+        raise ValueError("SpecConfig(method='ngram') proposes from the prompt and output, not from a draft model; "
+                         "drop assistant_model= or use method='draft'.")
+    if draft_model is None and spec_config.num_speculative_tokens > 0 and spec_config.method == "draft":
+        raise ValueError("speculative decoding needs a draft model: pass assistant_model=<draft> to generate() "
+                         "(or SpecConfig(method='ngram') for prompt lookup without one).")
     if generation_config.num_beams is not None and generation_config.num_beams > 1:
         raise ValueError(f"hf_specdec does not do beam search (num_beams={generation_config.num_beams}); "
                          "use num_beams=1 or drop spec_config.")
@@ -133,6 +137,9 @@ def build_caches(target: PreTrainedModel, draft: PreTrainedModel, batch: Sequenc
         raise ValueError(f"the KV cache budget gives no block of {bs} tokens; {hint}")
     caches = []
     for m in (target, draft):
+        if m is None:  # a proposer without a draft model (n-gram)
+            caches.append(None)
+            continue
         device = m.get_input_embeddings().weight.device
         caches.append(PagedKVCache(num_blocks, bs, batch.size, per_seq, device, hint))
     return caches[0], caches[1]

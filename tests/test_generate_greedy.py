@@ -19,7 +19,8 @@ def targets():
 def spec_generate(target, draft, ids, mask, k, bucketed=None, **kw):
     """``bucketed=True`` runs the fixed-shape runner (the GPU fast path, here without graphs)."""
     return target.generate(input_ids=ids, attention_mask=mask, assistant_model=draft, do_sample=False,
-                           spec_config=hf_specdec.SpecConfig(num_speculative_tokens=k, block_size=4, bucketed=bucketed),
+                           spec_config=hf_specdec.SpecConfig(num_speculative_tokens=k, block_size=4, bucketed=bucketed,
+                                                             adaptive=False),
                            return_dict_in_generate=True, **kw)
 
 

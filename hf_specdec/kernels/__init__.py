@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 import torch
 
 from . import ops
+from .ngram_lookup import ngram_drafts, ngram_drafts_reference
 from .paged_attention_reference import paged_attention_reference, write_kv_to_slots_reference
 from .rejection_sampler_reference import PLACEHOLDER_TOKEN_ID, rejection_sample_reference
 from .sampling_noise import draw_acceptance_noise, greedy_noise_placeholders
@@ -91,6 +92,8 @@ __all__ = [
     "PLACEHOLDER_TOKEN_ID",
     "draw_acceptance_noise",
     "greedy_noise_placeholders",
+    "ngram_drafts",
+    "ngram_drafts_reference",
     "paged_attention",
     "paged_attention_reference",
     "rejection_sample",

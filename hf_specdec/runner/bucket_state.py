@@ -46,15 +46,19 @@ class BucketState:
     done: torch.Tensor
     target_tables: torch.Tensor
     draft_tables: torch.Tensor
-    drafts: torch.Tensor  # (B, k) this round's draft tokens
-    draft_probs: Optional[torch.Tensor]  # (B, k, V) when sampling
+    drafts: torch.Tensor  # (B, K) this round's draft tokens (the first k columns of a round of k)
+    draft_probs: Optional[torch.Tensor]  # (B, K, V) when sampling with a draft model
+    counts: torch.Tensor  # (B,) real drafts of this round per row (n-gram rows may have fewer than k)
     keep: torch.Tensor  # (B,) tokens committed by the last round
+    accepted: torch.Tensor  # (B,) drafts accepted by the last round
     max_new: torch.Tensor  # () max_new_tokens of the call
     eos: torch.Tensor  # (MAX_EOS_IDS,) EOS ids, -1 where unused
     # acceptance statistics, summed on the device over the call's rounds
-    stat_drafts: torch.Tensor  # () rows that drafted
+    stat_rows: torch.Tensor  # () live rows, summed over rounds
+    stat_drafts: torch.Tensor  # () rows that drafted (count > 0)
+    stat_draft_tokens: torch.Tensor  # () draft tokens proposed
     stat_accepted: torch.Tensor  # () accepted draft tokens
-    stat_per_position: torch.Tensor  # (k,) drafts whose j-th token was accepted
+    stat_per_position: torch.Tensor  # (K,) drafts whose j-th token was accepted
     scores: Optional[torch.Tensor] = None  # (B*(k+1), V) the last verify's processed scores (not a buffer)
 
     @property
@@ -64,7 +68,7 @@ class BucketState:
     @classmethod
     def allocate(cls, rows: int, width: int, table_width: int, k: int, vocab: Optional[int],
                  device: torch.device) -> "BucketState":
-        """``vocab`` given: room for the draft's distributions (sampling)."""
+        """``k``: the most drafts a round proposes; ``vocab`` given: room for the draft's distributions."""
         def z(*shape, dtype=torch.long):
             return torch.zeros(*shape, dtype=dtype, device=device)
         return cls(
@@ -72,8 +76,8 @@ class BucketState:
             done=z(rows, dtype=torch.bool),
             target_tables=z(rows, table_width, dtype=torch.int32), draft_tables=z(rows, table_width, dtype=torch.int32),
             drafts=z(rows, k), draft_probs=None if vocab is None else z(rows, k, vocab, dtype=torch.float32),
-            keep=z(rows), max_new=z(()), eos=z(MAX_EOS_IDS), stat_drafts=z(()), stat_accepted=z(()),
-            stat_per_position=z(k),
+            counts=z(rows), keep=z(rows), accepted=z(rows), max_new=z(()), eos=z(MAX_EOS_IDS), stat_rows=z(()),
+            stat_drafts=z(()), stat_draft_tokens=z(()), stat_accepted=z(()), stat_per_position=z(k),
         )
 
     def tensors(self) -> list[torch.Tensor]:
@@ -89,6 +93,7 @@ class BucketState:
         self.gen[live:] = 0
         self.done[live:] = True
         self.keep[live:] = 0
+        self.accepted[live:] = 0
         self.target_tables[live:] = scratch_target
         self.draft_tables[live:] = scratch_draft
 
@@ -96,8 +101,9 @@ class BucketState:
         """Rows ``index`` of ``source`` become this bucket's first rows (a smaller bucket takes the survivors)."""
         n = index.shape[0]
         for name in ("hist", "pads", "batch_row", "length", "gen", "done", "target_tables", "draft_tables",
-                     "keep"):
+                     "keep", "accepted"):
             dst, src = getattr(self, name), getattr(source, name)
             dst[:n] = src.index_select(0, index)[:, : dst.shape[1]] if dst.dim() == 2 else src.index_select(0, index)
-        for name in ("max_new", "eos", "stat_drafts", "stat_accepted", "stat_per_position"):
+        for name in ("max_new", "eos", "stat_rows", "stat_drafts", "stat_draft_tokens", "stat_accepted",
+                     "stat_per_position"):
             getattr(self, name).copy_(getattr(source, name))

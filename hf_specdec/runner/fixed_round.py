@@ -1,6 +1,8 @@
-"""One speculative round as fixed-shape tensor code over a ``BucketState``: what the graphs capture.
+"""One speculative round of k drafts as fixed-shape tensor code over a ``BucketState``: what the
+graphs capture (one pair of graphs per bucket and per k the round length policy picks).
 
-    propose   draft step 1 feeds 2 tokens per row (positions length-2, length-1: the last
+    propose   n-gram: prompt lookup over ``hist`` (kernels/ngram_lookup.py), per-row counts.
+              draft model: step 1 feeds 2 tokens per row (positions length-2, length-1: the last
               draft plus the bonus token after a fully accepted round, otherwise an already
               cached token re-fed, an identical K/V rewrite); steps 2..k feed 1 token.
               Drafts go into ``hist`` after the committed tokens.
@@ -21,7 +23,7 @@ from typing import Callable, Optional
 import torch
 
 from .. import kernels
-from ..sampling import choose_tokens
+from ..sampling import choose_tokens, cut_to_counts
 from .bucket_state import BucketState
 from .paged_model import PagedModel
 
@@ -34,24 +36,49 @@ LogitsFn = Callable[..., torch.Tensor]
 class RoundSpec:
     """What a round does; everything here is fixed for the life of a captured graph."""
 
-    k: int
+    k: int  # the most drafts a round proposes; each round's own k is an argument
     do_sample: bool
     acceptance: str  # "greedy", "rejection" or "typical"
     logits: LogitsFn
     generator: Optional[torch.Generator] = None
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
+    method: str = "draft"  # or "ngram"
+    ngram_sizes: tuple = (1, 3)  # (min n, max n) of the prompt lookup
 
 
-def propose(s: BucketState, draft: PagedModel, spec: RoundSpec) -> None:
-    """k draft steps; ``s.drafts`` (and ``s.draft_probs`` when sampling) receive the proposals."""
+def propose_ngram(s: BucketState, spec: RoundSpec, k: int) -> None:
+    """Prompt lookup: ``s.drafts[:, :k]`` and ``s.counts`` (rows without a match propose nothing)."""
+    drafts, counts = kernels.ngram_drafts(s.hist, s.pads, s.length, k, *spec.ngram_sizes)
+    end = s.pads + s.length
+    s.hist.scatter_(1, end[:, None] + torch.arange(k, device=s.hist.device), drafts)
+    s.drafts[:, :k] = drafts
+    s.counts.copy_(counts)
+
+
+def catch_up_draft(s: BucketState, draft: PagedModel, behind: int) -> None:
+    """The draft model read nothing during ``behind`` rounds of k = 0 (one token each): feed it those
+    tokens, positions ``length-2-behind .. length-3``, so that ``propose`` finds its usual state.
+    Done and padding rows write only positions 0 and 1 of their own (or the scratch) blocks."""
+    device = s.hist.device
+    span = torch.arange(behind, device=device)
+    start = (s.length - 2 - behind).clamp(min=0)
+    positions = torch.where(s.done[:, None], span % 2, start[:, None] + span)
+    input_ids = s.hist.gather(1, (s.pads + start)[:, None] + span).view(-1)
+    seq_lens = torch.where(s.done, behind, start + behind)
+    draft.forward(input_ids, positions.reshape(-1), s.draft_tables, seq_lens, behind, True)
+
+
+def propose(s: BucketState, draft: PagedModel, spec: RoundSpec, k: int) -> None:
+    """k draft steps; ``s.drafts[:, :k]`` (and ``s.draft_probs`` when sampling) receive the proposals."""
     B, device = s.size, s.hist.device
     rows = torch.arange(B, device=device)
     two = torch.arange(2, device=device)
     end = s.pads + s.length  # history column of the first draft
     positions = ((s.length - 2)[:, None] + two).view(-1)
     input_ids = s.hist.gather(1, (end - 2)[:, None] + two).view(-1)
-    for j in range(spec.k):
+    s.counts.fill_(k)
+    for j in range(k):
         logits = draft.forward(input_ids, positions, s.draft_tables, s.length + j, 2 if j == 0 else 1, True)
         scores = spec.logits(logits, s.hist, rows, end + j, batch_rows=s.batch_row)
         tokens, probs = choose_tokens(scores, spec.do_sample, spec.generator)
@@ -62,9 +89,9 @@ def propose(s: BucketState, draft: PagedModel, spec: RoundSpec) -> None:
         input_ids, positions = tokens, s.length + j
 
 
-def verify_and_commit(s: BucketState, target: PagedModel, spec: RoundSpec) -> None:
-    """Score every row's drafts in one forward, accept, and commit the emitted tokens."""
-    k, B, device = spec.k, s.size, s.hist.device
+def verify_and_commit(s: BucketState, target: PagedModel, spec: RoundSpec, k: int) -> None:
+    """Score every row's k drafts in one forward, accept, and commit the emitted tokens."""
+    B, device = s.size, s.hist.device
     span = torch.arange(k + 1, device=device)
     end = s.pads + s.length
     input_ids = s.hist.gather(1, (end - 1)[:, None] + span).view(-1)
@@ -73,17 +100,19 @@ def verify_and_commit(s: BucketState, target: PagedModel, spec: RoundSpec) -> No
     rows = torch.arange(B, device=device).repeat_interleave(k + 1)
     scores = spec.logits(logits, s.hist, rows, (end[:, None] + span).view(-1), batch_rows=s.batch_row[rows])
     s.scores = scores  # read by host stopping criteria; a captured graph rewrites this same memory
-    emitted, accepted = accept(s, scores, spec)
+    emitted, accepted = accept(s, scores, spec, k)
+    if spec.method == "ngram" and k:
+        emitted, accepted = cut_to_counts(emitted, accepted, s.counts, scores, spec.do_sample, spec.generator)
     commit(s, emitted, accepted, k)
 
 
-def accept(s: BucketState, scores: torch.Tensor, spec: RoundSpec) -> tuple[torch.Tensor, torch.Tensor]:
+def accept(s: BucketState, scores: torch.Tensor, spec: RoundSpec, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Emitted tokens ``(B, k+1)`` (-1 after the run) and accepted draft counts ``(B,)``."""
-    k, B, device = spec.k, s.size, s.hist.device
+    B, device = s.size, s.hist.device
     if k == 0:  # plain decoding: the target's own choice
         tokens, _ = choose_tokens(scores, spec.do_sample, spec.generator)
         return tokens[:, None], torch.zeros(B, dtype=torch.long, device=device)
-    drafts = s.drafts.reshape(-1)
+    drafts = s.drafts[:, :k].reshape(-1)
     cu = torch.arange(1, B + 1, device=device, dtype=torch.int32) * k
     generators = None if spec.generator is None else [spec.generator] * B
     if spec.acceptance == "greedy":
@@ -94,7 +123,8 @@ def accept(s: BucketState, scores: torch.Tensor, spec: RoundSpec) -> tuple[torch
         return kernels.typical_accept(drafts, cu, target_probs, k, spec.posterior_threshold, spec.posterior_alpha,
                                       generators)
     random = torch.zeros(B, dtype=torch.bool, device=device)
-    return kernels.rejection_sample(drafts, cu, s.draft_probs.reshape(B * k, -1), target_probs, random, k, generators)
+    q = None if s.draft_probs is None else s.draft_probs[:, :k].reshape(B * k, -1)  # None: n-gram point masses
+    return kernels.rejection_sample(drafts, cu, q, target_probs, random, k, generators)
 
 
 def commit(s: BucketState, emitted: torch.Tensor, accepted: torch.Tensor, k: int) -> None:
@@ -111,10 +141,14 @@ def commit(s: BucketState, emitted: torch.Tensor, accepted: torch.Tensor, k: int
     old = s.hist.gather(1, columns)
     s.hist.scatter_(1, columns, torch.where(span < keep[:, None], emitted, old))
     s.keep.copy_(keep)
+    s.accepted.copy_(torch.where(live, accepted, 0))
     s.gen.add_(keep)
     s.length.add_(keep)
     s.done.logical_or_(live & (hit_eos | (s.gen >= s.max_new)))
     if k:
-        s.stat_drafts.add_(live.sum())
+        s.stat_rows.add_(live.sum())
+        drafted = live & (s.counts > 0)
+        s.stat_drafts.add_(drafted.sum())
+        s.stat_draft_tokens.add_(torch.where(live, s.counts, 0).sum())
         s.stat_accepted.add_(torch.where(live, accepted, 0).sum())
-        s.stat_per_position.add_(((accepted[:, None] > span[:k]) & live[:, None]).sum(0))
+        s.stat_per_position[:k].add_(((accepted[:, None] > span[:k]) & live[:, None]).sum(0))

@@ -22,7 +22,7 @@ from transformers import PreTrainedModel
 
 from ..cache import PagedKVCache, blocks_for, paged_forward
 from .bucket_state import MAX_EOS_IDS, BucketState, bucket_for
-from .fixed_round import RoundSpec, propose, verify_and_commit
+from .fixed_round import RoundSpec, catch_up_draft, propose, propose_ngram, verify_and_commit
 from .graphs import StageGraph
 from .paged_model import PagedModel
 
@@ -34,6 +34,8 @@ class RunnerKey:
     k: int
     do_sample: bool
     acceptance: str
+    method: str
+    ngram_sizes: tuple
     logits_signature: tuple
     generator_id: int
     graphs: bool
@@ -63,6 +65,9 @@ class SpecRunner:
         self.compiled: dict[str, object] = {}
         self.warmup_seconds = 0.0
         self.compile_error: Optional[str] = None
+        self.draft_behind = 0  # rounds of k = 0 the draft model has not read yet
+        self.round_costs: dict = {}  # (bucket, k) -> measured seconds, kept across calls (the policy's memory)
+        self.acceptance_prior: Optional[float] = None  # acceptance seen by the last call (the policy's prior)
 
     # -- per call ------------------------------------------------------------------
     def begin(self, batch, spec: RoundSpec, logits_signature: tuple, vocab: int, graphs: bool, compile: bool,
@@ -82,7 +87,7 @@ class SpecRunner:
         # (a wide table costs the Triton kernels nothing: attention stops at each row's length), so few
         # calls change a shape. Without graphs (CPU) the torch reference reads whole tables: keep them tight.
         longest = max(budgets + ([self._max_positions()] if graphs else []))
-        key = RunnerKey(k, spec.do_sample, spec.acceptance, logits_signature, id(spec.generator), graphs,
+        key = RunnerKey(k, spec.do_sample, spec.acceptance, spec.method, spec.ngram_sizes, logits_signature, id(spec.generator), graphs,
                         compile and self.compile_error is None, block_size, pool_blocks,
                         max(_capacity(batch.tokens.shape[1], 64), self.key.width if self.key else 0),
                         max(_capacity(blocks_for(longest, block_size), 8), self.key.table_width if self.key else 0),
@@ -95,8 +100,13 @@ class SpecRunner:
                     cache.resize(pool_blocks)
             self.states.clear()
             self.graphs.clear()
+            if self.key is None or (key.k, key.method, key.do_sample) != (self.key.k, self.key.method,
+                                                                          self.key.do_sample):
+                self.round_costs.clear()
+                self.acceptance_prior = None
             self.key = key
-        models = {"target": self.target} if k == 0 else {"target": self.target, "draft": self.draft}
+        uses_draft = k > 0 and spec.method == "draft"
+        models = {"target": self.target, "draft": self.draft} if uses_draft else {"target": self.target}
         for name, model in models.items():
             cache = self.caches.get(name)
             if cache is None:
@@ -150,37 +160,44 @@ class SpecRunner:
         self._clear_padding(s, n)
         s.max_new.fill_(batch.max_new_tokens)
         s.eos.copy_(torch.tensor((eos_ids + [-1] * MAX_EOS_IDS)[:MAX_EOS_IDS], device=device))
-        for t in (s.stat_drafts, s.stat_accepted, s.stat_per_position):
+        for t in (s.stat_rows, s.stat_drafts, s.stat_draft_tokens, s.stat_accepted, s.stat_per_position):
             t.zero_()
         self.state = s
+        self.draft_behind = 0
 
     # -- rounds --------------------------------------------------------------------
-    def round(self) -> None:
-        """Propose and verify+commit for the current bucket: graph replays, or the same code eagerly."""
-        s, B = self.state, self.state.size
-        stages = [("verify", lambda: verify_and_commit(s, self.models["target"], self.spec))]
-        if self.spec.k:
-            stages.insert(0, ("propose", lambda: propose(s, self.models["draft"], self.spec)))
+    def round(self, k: int) -> None:
+        """A round of ``k <= spec.k`` drafts for the current bucket: graph replays, or the same code eagerly."""
+        s, B, spec = self.state, self.state.size, self.spec
+        stages = [("verify", lambda: verify_and_commit(s, self.models["target"], spec, k))]
+        if k and spec.method == "ngram":
+            stages.insert(0, ("propose", lambda: propose_ngram(s, spec, k)))
+        elif k:
+            if self.draft_behind:  # after rounds of k = 0: rare, eager, one forward
+                catch_up_draft(s, self.models["draft"], self.draft_behind)
+            stages.insert(0, ("propose", lambda: propose(s, self.models["draft"], spec, k)))
+        self.draft_behind = 0 if k or spec.method == "ngram" else self.draft_behind + 1
         for name, stage in stages:
             if not self.key.graphs:
                 stage()
                 continue
-            graph = self.graphs.get((name, B))
+            graph = self.graphs.get((name, B, k))
             if graph is None:
-                graph = self.graphs[(name, B)] = StageGraph(stage, s.tensors(), self.spec.generator)
+                graph = self.graphs[(name, B, k)] = StageGraph(stage, s.tensors(), spec.generator)
+                graph.scores = s.scores  # the verify graph's own output memory (read by host criteria)
                 self.warmup_seconds += graph.capture_seconds
             graph()
+            s.scores = graph.scores
 
     def pool_bytes(self) -> int:
         """Device memory held by both caches' pools."""
         return sum(t.numel() * t.element_size() for cache in self.caches.values()
                    for pools in (cache.key_pools, cache.value_pools) for t in pools.values())
 
-    def read(self, with_keep: bool) -> list[list[int]]:
-        """The round's one host synchronisation: per bucket row [done, gen] (and keep)."""
+    def read(self) -> list[list[int]]:
+        """The round's one host synchronisation: per bucket row [done, gen, keep, accepted, count]."""
         s = self.state
-        parts = [s.done.long(), s.gen] + ([s.keep] if with_keep else [])
-        return torch.stack(parts, dim=1).tolist()
+        return torch.stack([s.done.long(), s.gen, s.keep, s.accepted, s.counts], dim=1).tolist()
 
     def store(self, index: int, row: int, gen: int) -> None:
         """Bucket row ``index`` (finished) goes back to the call's ``SequenceBatch`` row ``row``."""
@@ -205,9 +222,12 @@ class SpecRunner:
         self._clear_padding(s, live.shape[0])
         self.state = s
 
-    def statistics(self) -> tuple[int, int, list[int]]:
+    def statistics(self) -> dict:
+        """Acceptance statistics summed on the device over the call's rounds."""
         s = self.state
-        return int(s.stat_drafts), int(s.stat_accepted), s.stat_per_position.tolist()
+        totals = torch.stack([s.stat_rows, s.stat_drafts, s.stat_draft_tokens, s.stat_accepted]).tolist()
+        return dict(zip(("rows", "drafts", "draft_tokens", "accepted"), totals),
+                    per_position=s.stat_per_position.tolist())
 
     # -- internals -----------------------------------------------------------------
     def _max_positions(self) -> int:
@@ -221,7 +241,8 @@ class SpecRunner:
         if s is None:
             key = self.key
             s = self.states[rows] = BucketState.allocate(
-                rows, key.width, key.table_width, key.k, key.vocab if key.do_sample and key.k else None,
+                rows, key.width, key.table_width, key.k,
+                key.vocab if key.do_sample and key.k and key.method == "draft" else None,
                 self.batch.device)
         return s
 

@@ -37,8 +37,11 @@ class DraftModelProposer:
         self.cache.add_sequences(len(rows))
         self.cached.update({b: 0 for b in rows})
 
-    def get_candidates(self, batch: SequenceBatch, rows: list[int]) -> DraftProposal:
-        k, device = self.k, batch.device
+    def get_candidates(self, batch: SequenceBatch, rows: list[int], k: int) -> DraftProposal:
+        """Rounds may propose fewer than the configured k (adaptive length), or none at all: a row's
+        pending tokens then simply grow, and step 1 feeds them all."""
+        device = batch.device
+        self.k_round = k
         cached = [self.cached[b] for b in rows]
         pending = [batch.real_len(b) - c for b, c in zip(rows, cached)]
         self.cache.reserve(rows, [batch.real_len(b) + k - 1 for b in rows])
@@ -67,7 +70,7 @@ class DraftModelProposer:
 
     def update_candidate_strategy(self, batch: SequenceBatch, rows: list[int], num_accepted: list[int]) -> None:
         # The cache holds the committed tokens plus drafts x1..x_{k-1}; of those, the accepted ones stay.
-        lengths = [batch.real_len(b) + min(a, self.k - 1) for b, a in zip(rows, num_accepted)]
+        lengths = [batch.real_len(b) + min(a, self.k_round - 1) for b, a in zip(rows, num_accepted)]
         self.cache.set_lengths(rows, lengths)
         self.cached.update(zip(rows, lengths))
 

@@ -33,9 +33,9 @@ class TargetScorer:
         self.cache.set_lengths(rows, lens)
         return logits
 
-    def score(self, batch: SequenceBatch, rows: list[int]) -> torch.Tensor:
+    def score(self, batch: SequenceBatch, rows: list[int], k: int) -> torch.Tensor:
         """Logits ``(Ba * (k+1), V)`` of the target at ``y_prev, x_1..x_k`` of every row (drafts are in the buffer)."""
-        k, device = self.k, batch.device
+        device = batch.device
         context = [batch.real_len(b) - 1 for b in rows]
         self.cache.reserve(rows, [c + k + 1 for c in context])
         step = self.cache.batch(torch.tensor(rows, device=device), torch.tensor(context, device=device),

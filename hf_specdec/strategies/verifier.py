@@ -6,6 +6,7 @@ from typing import Optional
 import torch
 
 from .. import kernels
+from ..sampling import cut_to_counts
 from .base import DraftProposal
 
 
@@ -13,6 +14,7 @@ class Verifier:
     def __init__(self, method: str, do_sample: bool, k: int, generator: Optional[torch.Generator],
                  posterior_threshold: float, posterior_alpha: float):
         self.method = "greedy" if not do_sample else method
+        self.do_sample = do_sample
         self.k = k
         self.generator = generator
         self.posterior_threshold = posterior_threshold
@@ -21,6 +23,12 @@ class Verifier:
     def __call__(self, proposal: DraftProposal, target_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``target_scores`` ``(Ba*(k+1), V)`` processed target logits. Returns token ids ``(Ba, k+1)``
         (-1 after the emitted run) and accepted draft counts ``(Ba,)``."""
+        emitted, accepted = self._verify(proposal, target_scores)
+        if proposal.counts is None:
+            return emitted, accepted
+        return cut_to_counts(emitted, accepted, proposal.counts, target_scores, self.do_sample, self.generator)
+
+    def _verify(self, proposal: DraftProposal, target_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         Ba, k = proposal.token_ids.shape
         device = target_scores.device
         drafts = proposal.token_ids.reshape(-1)

@@ -1,0 +1,119 @@
+"""How many tokens to propose this round: k in [0, k_max], chosen from measured costs.
+
+A round of k drafts emits, for a row whose drafts are accepted independently with
+probability ``a`` (and, for n-gram rows, which find a match with probability ``m``),
+
+    E_row(k) = 1 + m * (a + a^2 + ... + a^k)
+
+tokens, and costs ``c(B, k)`` seconds for the whole bucket of B rows (draft steps plus a
+verify of k+1 tokens per row; k = 0 is a plain decoding step through the same verify).
+The policy picks ``argmax_k sum_rows E_row(k) / c(B, k)``: tokens per second.
+
+* ``a`` and ``m`` per row: decayed counts of accepted / rejected drafts (a run that stops
+  before the row's count is one rejection), started from a prior (the acceptance the
+  runner saw in earlier calls, else 0.5).
+* ``c(B, k)``: the wall time of rounds of that bucket and k on this machine (graph
+  replays: stable), kept across calls by the caller. Until ``k_max`` and ``0`` are both
+  measured for a bucket, the policy tries them; other k are interpolated linearly from
+  the measured ones until tried.
+* After a run of k = 0 the policy probes k > 0 once (every 16, 32, 64 ... rounds) so that
+  a draft which starts to agree with the target again is noticed.
+
+Buckets fix the shape of a round, so k is one number per round; rows whose drafts keep
+failing pull the choice down only in proportion to what they lose.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Optional
+
+_DECAY = 0.9  # weight of older rounds in a row's acceptance counts
+_PRIOR_WEIGHT = 2.0  # pseudo-rounds of the prior
+_COST_EMA = 0.3  # weight of the newest measurement of a round's cost
+_FIRST_PROBE = 16
+_MAX_PROBE = 256
+
+
+class SpeculationLength:
+    def __init__(self, k_max: int, adaptive: bool, method: str, costs: Optional[dict] = None,
+                 prior: Optional[float] = None):
+        self.k_max, self.adaptive, self.method = k_max, adaptive, method
+        self.costs = costs if costs is not None else {}  # (bucket, k) -> seconds
+        self.prior = 0.5 if prior is None else min(max(prior, 0.02), 0.98)
+        self.rows: dict[int, list[float]] = {}  # row -> [accepted, rejected, matched, unmatched] (decayed)
+        self.histogram: Counter = Counter()
+        self.zero_streak = 0
+        self.probe_every = _FIRST_PROBE
+
+    def choose(self, bucket: int, rows: list[int]) -> int:
+        k = self._choose(bucket, rows)
+        self.histogram[k] += 1
+        return k
+
+    def _choose(self, bucket: int, rows: list[int]) -> int:
+        if not self.adaptive or self.k_max == 0:
+            return self.k_max
+        for k in (self.k_max, 0):  # both ends measured first
+            if (bucket, k) not in self.costs:
+                return k
+        rates = [self.expected_tokens(rows, k) / self.cost(bucket, k) for k in range(self.k_max + 1)]
+        best = max(range(self.k_max + 1), key=rates.__getitem__)
+        if best > 0:
+            self.zero_streak, self.probe_every = 0, _FIRST_PROBE
+            return best
+        self.zero_streak += 1
+        if self.zero_streak < self.probe_every:
+            return 0
+        self.zero_streak, self.probe_every = 0, min(self.probe_every * 2, _MAX_PROBE)
+        return max(range(1, self.k_max + 1), key=rates.__getitem__)
+
+    def expected_tokens(self, rows: list[int], k: int) -> float:
+        total = 0.0
+        for r in rows:
+            a, m = self.acceptance(r), self.match_rate(r)
+            total += 1.0 + m * sum(a ** j for j in range(1, k + 1))
+        return total
+
+    def acceptance(self, row: int) -> float:
+        acc, rej, *_ = self.rows.get(row, (0.0, 0.0, 0.0, 0.0))
+        return (acc + _PRIOR_WEIGHT * self.prior) / (acc + rej + _PRIOR_WEIGHT)
+
+    def match_rate(self, row: int) -> float:
+        if self.method != "ngram":
+            return 1.0
+        *_, hit, miss = self.rows.get(row, (0.0, 0.0, 0.0, 0.0))
+        return (hit + _PRIOR_WEIGHT * 0.5) / (hit + miss + _PRIOR_WEIGHT)
+
+    def cost(self, bucket: int, k: int) -> float:
+        """Measured seconds of a round, or a line through the measured ones (k >= 1 preferred)."""
+        measured = {j: c for (b, j), c in self.costs.items() if b == bucket}
+        if k in measured:
+            return measured[k]
+        points = sorted((j, c) for j, c in measured.items() if j >= 1)
+        if len(points) < 2:
+            points = sorted(measured.items())
+        (k0, c0), (k1, c1) = points[0], points[-1]
+        slope = (c1 - c0) / (k1 - k0) if k1 != k0 else 0.0
+        return max(c0 + slope * (k - k0), 1e-9)
+
+    def observe(self, bucket: int, k: int, seconds: Optional[float], verdicts: list[tuple[int, int, int]]) -> None:
+        """After a round: its wall time (None when it included capture or compilation) and, per live row,
+        ``(row, accepted, count)`` (count: drafts the row really proposed)."""
+        if seconds is not None:
+            old = self.costs.get((bucket, k))
+            self.costs[(bucket, k)] = seconds if old is None else (1 - _COST_EMA) * old + _COST_EMA * seconds
+        if k == 0:
+            return
+        for row, accepted, count in verdicts:
+            acc, rej, hit, miss = (x * _DECAY for x in self.rows.get(row, (0.0, 0.0, 0.0, 0.0)))
+            if count > 0:
+                acc, rej, hit = acc + accepted, rej + (accepted < count), hit + 1
+            else:
+                miss += 1
+            self.rows[row] = [acc, rej, hit, miss]
+
+    def mean_acceptance(self) -> Optional[float]:
+        """The acceptance seen in this call (the next call's prior), or None if nothing was drafted."""
+        acc = sum(v[0] for v in self.rows.values())
+        rej = sum(v[1] for v in self.rows.values())
+        return acc / (acc + rej) if acc + rej else None
