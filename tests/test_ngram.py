@@ -1,0 +1,160 @@
+"""The batched n-gram (prompt lookup) proposer: the device search against a row-by-row oracle, greedy
+output equal to the target's own greedy generate(), the sampling law, and Hugging Face's
+``prompt_lookup_num_tokens=`` routed to it at batch size > 1."""
+import random
+
+import pytest
+import torch
+
+import hf_specdec
+from hf_specdec.kernels import ngram_drafts, ngram_drafts_reference
+from hf_specdec.strategies import verifier as verifier_module
+from models import VOCAB, left_padded_prompts, make_model
+from test_sampling_exact import V, chi_square_pvalue, exact_joint_23, wrong_rejection_sample
+
+MAX_NEW = 17
+
+
+def test_device_search_matches_oracle():
+    rng = random.Random(0)
+    for _ in range(300):
+        B, W = rng.randint(1, 5), rng.randint(3, 40)
+        tokens = torch.randint(0, rng.choice([2, 3, 5, 50]), (B, W))
+        pads = torch.tensor([rng.randint(0, W - 1) for _ in range(B)])
+        length = torch.tensor([rng.randint(1, W - p) for p in pads.tolist()])
+        k, lo = rng.randint(1, 6), rng.randint(1, 3)
+        hi = rng.randint(lo, 4)
+        drafts, counts = ngram_drafts(tokens, pads, length, k, lo, hi)
+        want, want_counts = ngram_drafts_reference(tokens, pads, length, k, lo, hi)
+        assert counts.tolist() == want_counts
+        assert [d[:c] for d, c in zip(drafts.tolist(), want_counts)] == want
+
+
+def test_search_cases():
+    # row 0: "7 8" recurs, most recent earlier occurrence wins; row 1: no match; row 2: the match ends
+    # right before the last token (a match at the very end: one token follows); row 3: padding ignored
+    tokens = torch.tensor([[5, 7, 8, 1, 7, 8, 2, 9, 7, 8],
+                           [1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
+                           [0, 0, 0, 0, 0, 0, 4, 6, 6, 6],
+                           [7, 8, 3, 3, 3, 3, 3, 1, 7, 8]])
+    pads = torch.tensor([0, 0, 6, 7])
+    length = torch.tensor([10, 10, 4, 3])
+    drafts, counts = ngram_drafts(tokens, pads, length, 3, 1, 2)
+    assert counts.tolist() == [3, 0, 1, 0]
+    assert drafts[0].tolist() == [2, 9, 7] and drafts[2, :1].tolist() == [6]
+
+
+def repeated_prompts(batch: int, seed: int):
+    """Rows of repeated text (matches everywhere), random rows (few matches), and a row whose
+    prompt ends with an n-gram seen once before, left padded."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for b in range(batch):
+        if b % 3 == 0:
+            unit = torch.randint(3, VOCAB, (4,), generator=gen).tolist()
+            rows.append(unit * 3 + unit[:2])
+        elif b % 3 == 1:
+            rows.append(torch.randint(3, VOCAB, (int(torch.randint(2, 12, (1,), generator=gen)),), generator=gen).tolist())
+        else:
+            a = torch.randint(3, VOCAB, (6,), generator=gen).tolist()
+            rows.append(a + a[:3])
+    width = max(map(len, rows))
+    ids = torch.zeros(batch, width, dtype=torch.long)
+    mask = torch.zeros(batch, width, dtype=torch.long)
+    for b, r in enumerate(rows):
+        ids[b, width - len(r):] = torch.tensor(r)
+        mask[b, width - len(r):] = 1
+    return ids, mask
+
+
+@pytest.fixture(scope="module")
+def targets():
+    return {f: hf_specdec.enable(make_model(f, seed=i)) for i, f in enumerate(["llama", "gpt2"])}
+
+
+@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
+@pytest.mark.parametrize("family,batch,k,adaptive", [
+    ("llama", 1, 3, False), ("llama", 3, 1, False), ("llama", 8, 4, False), ("llama", 3, 5, True),
+    ("gpt2", 3, 3, False), ("gpt2", 8, 2, True)])
+def test_ngram_greedy_equals_target_greedy(targets, family, batch, k, adaptive, bucketed):
+    target = targets[family]
+    ids, mask = repeated_prompts(batch, seed=batch + k)
+    expected = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW)
+    out = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW,
+                          spec_config=hf_specdec.SpecConfig(num_speculative_tokens=k, method="ngram", block_size=4,
+                                                            bucketed=bucketed, adaptive=adaptive),
+                          return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected)
+    m = out.spec_metrics
+    assert m.num_accepted_tokens <= m.num_draft_tokens and 0 <= m.match_fraction <= 1
+    if not adaptive:
+        assert m.k_histogram == {k: m.num_rounds}
+        if family == "llama":  # this random llama continues repeated text: proposals get accepted
+            assert m.num_accepted_tokens > 0
+
+
+def test_ngram_random_prompts_without_matches(targets):
+    target = targets["llama"]
+    ids, mask = left_padded_prompts(3, seed=4)
+    expected = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW)
+    for bucketed in (False, True):
+        out = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW,
+                              spec_config=hf_specdec.SpecConfig(method="ngram", prompt_lookup_min=3,
+                                                                prompt_lookup_max=4, bucketed=bucketed, adaptive=False),
+                              return_dict_in_generate=True)
+        assert torch.equal(out.sequences, expected)
+
+
+def test_hf_prompt_lookup_routes_to_batched_proposer(targets):
+    target = targets["llama"]
+    ids, mask = repeated_prompts(3, seed=7)
+    expected = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW)
+    out = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW,
+                          prompt_lookup_num_tokens=3, max_matching_ngram_size=2, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected)
+    assert out.spec_metrics.num_speculative_tokens == 3 and out.spec_metrics.num_drafts > 0
+
+
+def test_ngram_refuses_a_draft_model(targets):
+    target = targets["llama"]
+    ids, mask = left_padded_prompts(1, seed=1)
+    with pytest.raises(ValueError, match="method='ngram'"):
+        target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, assistant_model=make_model("llama", 9),
+                        spec_config=hf_specdec.SpecConfig(method="ngram"))
+
+
+@pytest.fixture(scope="module")
+def small_target():
+    target = hf_specdec.enable(make_model("llama", seed=11, vocab=V, sharpen=2.0))
+    target.config.eos_token_id = target.generation_config.eos_token_id = None
+    target.generation_config.pad_token_id = 0
+    return target
+
+
+def ngram_joint_23(target, prompt, bucketed, n=6000):
+    spec = hf_specdec.SpecConfig(num_speculative_tokens=2, method="ngram", prompt_lookup_max=2, bucketed=bucketed,
+                                 generator=torch.Generator().manual_seed(0))
+    out = target.generate(input_ids=prompt.expand(n, -1), do_sample=True, top_k=0, max_new_tokens=3,
+                          spec_config=spec, return_dict_in_generate=True)
+    L = prompt.shape[1]
+    counts = torch.bincount(out.sequences[:, L + 1] * V + out.sequences[:, L + 2], minlength=V * V).double()
+    return counts, out.spec_metrics
+
+
+@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
+def test_ngram_sampling_follows_target_distribution(small_target, bucketed):
+    prompt = torch.tensor([[3, 1, 4, 1, 5, 3, 1]])  # matches of different lengths after each first token
+    counts, m = ngram_joint_23(small_target, prompt, bucketed)
+    assert 0.05 < m.acceptance_rate < 0.95 and 0 < m.match_fraction < 1
+    assert chi_square_pvalue(counts, exact_joint_23(small_target, prompt)) > 1e-3
+
+
+@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
+def test_ngram_law_test_catches_wrong_residual(small_target, monkeypatch, bucketed):
+    from hf_specdec.runner import fixed_round
+    monkeypatch.setattr(verifier_module.kernels, "rejection_sample", wrong_rejection_sample)
+    monkeypatch.setattr(fixed_round.kernels, "rejection_sample", wrong_rejection_sample)
+    torch.manual_seed(0)
+    prompt = torch.tensor([[3, 1, 4, 1, 5, 3, 1]])
+    counts, _ = ngram_joint_23(small_target, prompt, bucketed)
+    assert chi_square_pvalue(counts, exact_joint_23(small_target, prompt)) < 1e-3

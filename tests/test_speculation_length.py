@@ -1,0 +1,115 @@
+"""Adaptive speculation length: the policy's choices from costs and acceptance, and generate() staying
+exact while k changes between rounds, reaches 0 (a plain step: the draft model falls behind and
+catches up) and comes back."""
+import itertools
+
+import pytest
+import torch
+
+import hf_specdec
+from hf_specdec.strategies.speculation_length import SpeculationLength
+from models import left_padded_prompts, make_draft, make_model
+from test_sampling_exact import chi_square_pvalue, exact_joint_23, pair  # noqa: F401 (fixture)
+
+MAX_NEW = 19
+
+
+def measured(policy, bucket, costs):
+    for k, c in costs.items():
+        policy.observe(bucket, k, c, [])
+
+
+def test_explores_both_ends_first():
+    policy = SpeculationLength(4, True, "draft")
+    assert policy.choose(8, [0]) == 4
+    policy.observe(8, 4, 1.0, [(0, 2, 4)])
+    assert policy.choose(8, [0]) == 0
+
+
+def test_useless_draft_goes_to_zero_and_probes_ever_less_often():
+    policy = SpeculationLength(4, True, "draft")
+    measured(policy, 1, {0: 1.0, 4: 2.2})
+    for _ in range(3):
+        policy.observe(1, 4, None, [(0, 0, 4), (1, 0, 4)])
+    chosen = []
+    for _ in range(60):
+        k = policy.choose(1, [0, 1])
+        chosen.append(k)
+        if k:
+            policy.observe(1, k, None, [(0, 0, k), (1, 0, k)])
+    probes = [i for i, k in enumerate(chosen) if k]
+    assert chosen[0] == 0 and len(probes) == 2 and probes[1] - probes[0] > 16
+    assert policy.histogram[0] == 58
+
+
+def test_good_draft_takes_the_longest_round():
+    policy = SpeculationLength(6, True, "draft")
+    measured(policy, 1, {0: 1.0, 6: 1.6})
+    for _ in range(10):
+        policy.observe(1, 6, None, [(0, 6, 6)])
+    assert policy.choose(1, [0]) == 6
+
+
+def test_expensive_verify_picks_a_middle_length():
+    policy = SpeculationLength(8, True, "draft")
+    measured(policy, 32, {0: 1.0, 1: 1.5, 8: 5.0})  # large batch: every drafted token costs
+    for _ in range(10):
+        policy.observe(32, 8, None, [(r, 2, 8) for r in range(32)])  # acceptance about 0.67
+    assert 1 <= policy.choose(32, list(range(32))) < 8
+
+
+def test_fixed_and_zero():
+    assert SpeculationLength(3, False, "draft").choose(1, [0]) == 3
+    assert SpeculationLength(0, True, "draft").choose(1, [0]) == 0
+
+
+def test_ngram_rows_without_matches_count_as_plain_steps():
+    policy = SpeculationLength(4, True, "ngram")
+    for _ in range(20):
+        policy.observe(1, 4, None, [(0, 0, 0), (1, 4, 4)])
+    assert policy.match_rate(0) < 0.15 and policy.match_rate(1) > 0.85 and policy.acceptance(1) > 0.9
+
+
+SCHEDULE = [3, 0, 0, 2, 0, 3, 1, 0, 0, 0, 3]
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """Rounds take k from SCHEDULE in turn (the real policy otherwise follows timings)."""
+    turn = itertools.count()
+    monkeypatch.setattr(SpeculationLength, "_choose",
+                        lambda self, bucket, rows: min(SCHEDULE[next(turn) % len(SCHEDULE)], self.k_max))
+
+
+@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
+@pytest.mark.parametrize("method,kind,batch", [("draft", "full", 1), ("draft", "full", 4), ("draft", "mix", 3),
+                                               ("ngram", None, 3)])
+def test_changing_k_stays_greedy_exact(scripted, method, kind, batch, bucketed):
+    target = hf_specdec.enable(make_model("llama", seed=3))
+    ids, mask = left_padded_prompts(batch, seed=batch)
+    expected = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW)
+    draft = make_draft(target, kind) if method == "draft" else None
+    out = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW,
+                          assistant_model=draft, return_dict_in_generate=True,
+                          spec_config=hf_specdec.SpecConfig(num_speculative_tokens=3, method=method, block_size=4,
+                                                            bucketed=bucketed, adaptive=True))
+    assert torch.equal(out.sequences, expected)
+    m = out.spec_metrics
+    assert m.k_histogram[0] >= 2 and len(m.k_histogram) >= 3
+    if kind == "full":  # after rounds of k = 0 the draft caught up: a copy of the target still agrees
+        assert m.acceptance_rate == 1.0
+
+
+@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
+def test_changing_k_keeps_the_sampling_law(scripted, pair, bucketed):  # noqa: F811
+    target, draft = pair
+    prompt = torch.tensor([[3, 1, 4, 1, 5]])
+    spec = hf_specdec.SpecConfig(num_speculative_tokens=2, generator=torch.Generator().manual_seed(0),
+                                 bucketed=bucketed, adaptive=True)
+    n = 6000
+    out = target.generate(input_ids=prompt.expand(n, -1), assistant_model=draft, do_sample=True, top_k=0,
+                          max_new_tokens=3, spec_config=spec, return_dict_in_generate=True)
+    L = prompt.shape[1]
+    counts = torch.bincount(out.sequences[:, L + 1] * 6 + out.sequences[:, L + 2], minlength=36).double()
+    assert out.spec_metrics.k_histogram.get(0, 0) >= 1
+    assert chi_square_pvalue(counts, exact_joint_23(target, prompt)) > 1e-3
