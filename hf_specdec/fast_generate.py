@@ -43,8 +43,13 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
         return
     runner.load(rows, eos_ids)
     criteria = committer.criteria
+    captured = set()
     while True:
-        bucket, warm = runner.state.size, runner.warmup_seconds
+        bucket = runner.state.size
+        if policy.adaptive and bucket not in captured:  # any k may come next: no capture inside timed rounds
+            runner.capture(range(spec.k + 1))
+            captured.add(bucket)
+        warm = runner.warmup_seconds
         k = policy.choose(bucket, [r for r in rows if r is not None])
         start = time.perf_counter()
         with timer("round_seconds"):

@@ -89,7 +89,8 @@ def speculative_generate(
         policy = SpeculationLength(k, adaptive, method, runner.round_costs, runner.acceptance_prior)
         with paged_attention_enabled(*((model,) if draft is None else (model, draft))):
             run_fast(runner, batch, spec, logits, committer, request.eos_token_ids, metrics, timer, policy)
-        runner.acceptance_prior = policy.mean_acceptance() or runner.acceptance_prior
+        seen = policy.mean_acceptance()
+        runner.acceptance_prior = seen if seen is not None else runner.acceptance_prior
         metrics.warmup_seconds = runner.warmup_seconds
         return _finish(batch, request, generation_config, committer, metrics, start)
 

@@ -168,26 +168,42 @@ class SpecRunner:
     # -- rounds --------------------------------------------------------------------
     def round(self, k: int) -> None:
         """A round of ``k <= spec.k`` drafts for the current bucket: graph replays, or the same code eagerly."""
+        s = self.state
+        if k and self.spec.method == "draft" and self.draft_behind:  # after rounds of k = 0: eager, one forward
+            catch_up_draft(s, self.models["draft"], self.draft_behind)
+        self.draft_behind = 0 if k or self.spec.method == "ngram" else self.draft_behind + 1
+        for stage, graph in self._stages(k):
+            if graph is None:
+                stage()
+            else:
+                graph()
+                s.scores = graph.scores
+
+    def capture(self, ks) -> None:
+        """Capture the current bucket's graphs for every k in ``ks`` now (adaptive rounds may pick any)."""
+        if self.key.graphs:
+            for k in ks:
+                self._stages(k)
+
+    def _stages(self, k: int) -> list:
+        """[(stage, its graph or None)] of a round of k: propose (k > 0), then verify and commit."""
         s, B, spec = self.state, self.state.size, self.spec
         stages = [("verify", lambda: verify_and_commit(s, self.models["target"], spec, k))]
         if k and spec.method == "ngram":
             stages.insert(0, ("propose", lambda: propose_ngram(s, spec, k)))
         elif k:
-            if self.draft_behind:  # after rounds of k = 0: rare, eager, one forward
-                catch_up_draft(s, self.models["draft"], self.draft_behind)
             stages.insert(0, ("propose", lambda: propose(s, self.models["draft"], spec, k)))
-        self.draft_behind = 0 if k or spec.method == "ngram" else self.draft_behind + 1
+        if not self.key.graphs:
+            return [(stage, None) for _, stage in stages]
+        out = []
         for name, stage in stages:
-            if not self.key.graphs:
-                stage()
-                continue
             graph = self.graphs.get((name, B, k))
             if graph is None:
                 graph = self.graphs[(name, B, k)] = StageGraph(stage, s.tensors(), spec.generator)
                 graph.scores = s.scores  # the verify graph's own output memory (read by host criteria)
                 self.warmup_seconds += graph.capture_seconds
-            graph()
-            s.scores = graph.scores
+            out.append((stage, graph))
+        return out
 
     def pool_bytes(self) -> int:
         """Device memory held by both caches' pools."""

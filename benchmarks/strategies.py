@@ -1,0 +1,204 @@
+#!/usr/bin/env python
+"""Strategies benchmark: the n-gram proposer, adaptive k, and a useless draft, in one run.
+
+Rows per batch size (greedy, the same prompts and max_new_tokens within a prompt set):
+
+  prompt set "code" (HumanEval prompts):
+    hf_compiled     HF generate, static cache + torch.compile            (the reference)
+    runner_plain    SpecConfig(num_speculative_tokens=0): plain decoding on our runner
+    fixed k=1..K    SpecConfig(k, adaptive=False) with the project's draft
+    adaptive        SpecConfig(K) (adaptive k is the default)
+    useless fixed   an unrelated random draft of the same vocabulary, k=4, adaptive=False
+    useless adaptive  the same draft, SpecConfig(4): must run >= 0.97x runner_plain
+  prompt set "edit" (input-grounded: each HumanEval prompt, then a request to repeat it, then its
+  first line again, so the continuation copies the prompt):
+    hf_compiled, runner_plain as above
+    hf_prompt_lookup  HF's own prompt lookup (batch 1 only: HF refuses more)
+    ngram k=K       SpecConfig(method="ngram", k, adaptive=False)
+    ngram adaptive  SpecConfig(method="ngram", k)
+
+Each row: warm-up calls (the first batch and one per smaller bucket, so that timed calls capture
+and compile nothing), then one timed pass over all batches; tokens/s = generated tokens / wall time.
+Ratios: vs hf_compiled and vs runner_plain of the same prompt set; adaptive vs the best fixed k.
+Output: JSON (every row with spec_metrics: k histogram, match fraction) and a PNG of tokens/s vs k
+with the adaptive rows marked.
+
+GPU:  PYTHONPATH=. python benchmarks/strategies.py --target runs/pair/target --draft runs/pair/draft \\
+          --prompts .devshim/he/HumanEval.jsonl.gz --out $OUT/strategies.json
+CPU smoke: python benchmarks/strategies.py --target runs/tiny_pair/target --draft runs/tiny_pair/draft \\
+          --batch-sizes 1,2 --num-prompts 2 --max-new-tokens 12 --k-max 3 --bucketed --out /tmp/s.json
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import Timer, find_humaneval, load_pair, pick_device, pick_dtype, read_jsonl  # noqa: E402
+from benchmarks.e2e_spec import bucket_warmups  # noqa: E402
+from benchmarks.strategies_report import plot, summarise  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", required=True)
+    p.add_argument("--draft", required=True)
+    p.add_argument("--prompts", default=None, help="HumanEval.jsonl(.gz) (default: search known places)")
+    p.add_argument("--batch-sizes", default="1,32")
+    p.add_argument("--num-prompts", type=int, default=8, help="prompts per batch size at least (rounded to b)")
+    p.add_argument("--max-prompt-tokens", type=int, default=192)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--k-max", type=int, default=8)
+    p.add_argument("--ngram-k", type=int, default=8)
+    p.add_argument("--sections", default="code,edit")
+    p.add_argument("--bucketed", action="store_true", help="force the runner (CPU smoke)")
+    p.add_argument("--no-compile", action="store_true", help="our runner without torch.compile")
+    p.add_argument("--deadline-s", type=float, default=1e9, help="rows not started by then are skipped")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--out", required=True)
+    p.add_argument("--plot", default=None, help="PNG path (default: next to --out)")
+    return p.parse_args(argv)
+
+
+def prompt_sets(args, tok):
+    path = find_humaneval(args.prompts)
+    if path is None:
+        raise SystemExit("no HumanEval prompts: pass --prompts PATH")
+    code = read_jsonl(path, "prompt", 64)
+    tail = args.max_prompt_tokens // 2  # each copy keeps its last tokens so the edit prompt fits
+    short = [tok.decode(tok(c)["input_ids"][-tail:], skip_special_tokens=True) for c in code]
+    edit = [f"{c}\n\n# The same code again, unchanged:\n{c.lstrip().splitlines()[0]}\n" for c in short]
+    return {"code": code, "edit": edit}
+
+
+def batches(tok, texts, b, n, max_len, device):
+    n = max(n, b)
+    n = -(-n // b) * b
+    texts = (texts * (-(-n // len(texts))))[:n]
+    enc = tok(texts, return_tensors="pt", padding="longest", truncation=True, max_length=max_len)
+    ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    return [(ids[i:i + b], mask[i:i + b]) for i in range(0, n, b)]
+
+
+class Runner:
+    def __init__(self, args, device, tok, target, draft, useless):
+        self.args, self.device, self.tok = args, device, tok
+        self.target, self.draft, self.useless = target, draft, useless
+        self.rows, self.start = [], time.perf_counter()
+
+    def kw(self):
+        return dict(max_new_tokens=self.args.max_new_tokens, do_sample=False, pad_token_id=self.tok.pad_token_id,
+                    eos_token_id=self.tok.eos_token_id, return_dict_in_generate=True)
+
+    def row(self, section, b, name, call, work, warm, **extra):
+        if time.perf_counter() - self.start > self.args.deadline_s:
+            print(f"[skip] {section} b={b} {name}: deadline", flush=True)
+            return
+        entry = {"section": section, "batch_size": b, "row": name, **extra}
+        try:
+            for x in warm:
+                call(x)
+            with Timer(self.device) as t:
+                outs = [call(x) for x in work]
+            prompt_len = work[0][0].shape[1]
+            tokens, metrics = 0, []
+            for out in outs:
+                new = out.sequences[:, prompt_len:]
+                tokens += int(((new != self.tok.pad_token_id) | (new == self.tok.eos_token_id)).sum())
+                m = getattr(out, "spec_metrics", None)
+                if m is not None:
+                    metrics.append(m.to_dict())
+            entry.update(seconds=t.seconds, tokens=tokens, tokens_per_s=tokens / t.seconds,
+                         sequences=[o.sequences[:, prompt_len:].tolist() for o in outs])
+            if metrics:
+                entry["spec_metrics"] = merge_metrics(metrics)
+        except Exception as exc:  # a failing row is reported, the run goes on
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+        self.rows.append(entry)
+        print(f"[row] {section:4s} b={b:3d} {name:18s} "
+              + (f"{entry['tokens_per_s']:9.1f} tok/s" if "tokens_per_s" in entry else entry.get("error", "")),
+              flush=True)
+
+
+def merge_metrics(ms):
+    out = {key: sum(m[key] for m in ms) for key in ("num_rounds", "num_drafts", "num_draft_tokens",
+                                                    "num_accepted_tokens", "num_row_rounds", "warmup_seconds")}
+    hist = {}
+    for m in ms:
+        for k, n in m["k_histogram"].items():
+            hist[int(k)] = hist.get(int(k), 0) + n
+    out["k_histogram"] = dict(sorted(hist.items()))
+    out["acceptance_rate"] = out["num_accepted_tokens"] / out["num_draft_tokens"] if out["num_draft_tokens"] else 0.0
+    out["match_fraction"] = out["num_drafts"] / out["num_row_rounds"] if out["num_row_rounds"] else 0.0
+    out["fast_path"] = sorted({m["fast_path"] for m in ms})
+    return out
+
+
+def run(args, r: Runner, sets):
+    import hf_specdec
+    from transformers import CompileConfig, GenerationMixin
+
+    hf_specdec.enable(r.target)
+
+    def hf(x, **kw):  # Hugging Face's own generate, whatever enable() wrapped
+        return GenerationMixin.generate(r.target, input_ids=x[0], attention_mask=x[1], **r.kw(), **kw)
+
+    def ours(x, draft=None, **spec):
+        base = dict(bucketed=True if args.bucketed else None, compile=False if args.no_compile else None)
+        return r.target.generate(input_ids=x[0], attention_mask=x[1], assistant_model=draft, **r.kw(),
+                                 spec_config=hf_specdec.SpecConfig(**base, **spec))
+
+    compiled = dict(cache_implementation="static", compile_config=CompileConfig())
+    for b in [int(x) for x in args.batch_sizes.split(",")]:
+        for section in args.sections.split(","):
+            work = batches(r.tok, sets[section], b, args.num_prompts, args.max_prompt_tokens, r.device)
+            warm = bucket_warmups(work[0], b)
+            r.row(section, b, "hf_compiled", lambda x: hf(x, **compiled), work, work[:1])
+            r.row(section, b, "runner_plain", lambda x: ours(x, num_speculative_tokens=0), work, warm)
+            if section == "edit":
+                if b == 1:
+                    r.row(section, b, "hf_prompt_lookup", lambda x: hf(x, prompt_lookup_num_tokens=args.ngram_k),
+                          work, work[:1], k=args.ngram_k)
+                for adaptive in (False, True):
+                    r.row(section, b, f"ngram {'adaptive' if adaptive else 'fixed'}",
+                          lambda x, a=adaptive: ours(x, num_speculative_tokens=args.ngram_k, method="ngram",
+                                                     adaptive=a), work, warm, k=args.ngram_k, adaptive=adaptive)
+                continue
+            for k in range(1, args.k_max + 1):
+                r.row(section, b, f"fixed k={k}", lambda x, k=k: ours(x, r.draft, num_speculative_tokens=k,
+                                                                      adaptive=False), work, warm, k=k)
+            r.row(section, b, "adaptive", lambda x: ours(x, r.draft, num_speculative_tokens=args.k_max), work, warm,
+                  k=args.k_max, adaptive=True)
+            for adaptive in (False, True):
+                r.row(section, b, f"useless {'adaptive' if adaptive else 'fixed'}",
+                      lambda x, a=adaptive: ours(x, r.useless, num_speculative_tokens=4, adaptive=a), work, warm,
+                      k=4, adaptive=adaptive)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = pick_device(args.device)
+    dtype = pick_dtype(args.dtype, device)
+    tok, target, draft = load_pair(args.target, args.draft, device, dtype)
+    torch.manual_seed(0)
+    useless = type(draft)(copy.deepcopy(draft.config)).to(device=device, dtype=dtype).eval()  # random weights
+    r = Runner(args, device, tok, target, draft, useless)
+    run(args, r, prompt_sets(args, tok))
+    report = {"args": vars(args), "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "torch": torch.__version__, "rows": r.rows, "summary": summarise(r.rows)}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump(report, fh, indent=1)
+    print(json.dumps(report["summary"], indent=1))
+    plot(r.rows, args.plot or os.path.splitext(args.out)[0] + ".png")
+
+
+if __name__ == "__main__":
+    main()
