@@ -53,11 +53,12 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
         k = policy.choose(bucket, [r for r in rows if r is not None])
         start = time.perf_counter()
         with timer("round_seconds"):
-            runner.round(k)
+            caught_up = runner.round(k)
             host = runner.read()  # the round's one sync
         seconds = time.perf_counter() - start
         metrics.num_rounds += 1
-        policy.observe(bucket, k, seconds if runner.warmup_seconds == warm else None,
+        clean = runner.warmup_seconds == warm and not caught_up  # no capture, compile or catch-up inside
+        policy.observe(bucket, k, seconds if clean else None,
                        [(r, h[3], h[4]) for r, h in zip(rows, host) if r is not None])
         if criteria:
             cuts = host_criteria(runner, criteria, batch.prompt_width, host)

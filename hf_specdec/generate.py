@@ -86,11 +86,10 @@ def speculative_generate(
         blocks, hint = cache_budget(model, draft, batch, spec_config, runner.pool_bytes())
         runner.begin(batch, spec, path.logits.signature, request.vocab_size, path.graphs, path.compile,
                      spec_config.block_size, blocks, hint)
-        policy = SpeculationLength(k, adaptive, method, runner.round_costs, runner.acceptance_prior)
+        policy = SpeculationLength(k, adaptive, method, runner.policy_memory)
         with paged_attention_enabled(*((model,) if draft is None else (model, draft))):
             run_fast(runner, batch, spec, logits, committer, request.eos_token_ids, metrics, timer, policy)
-        seen = policy.mean_acceptance()
-        runner.acceptance_prior = seen if seen is not None else runner.acceptance_prior
+        policy.end_call()
         metrics.warmup_seconds = runner.warmup_seconds
         return _finish(batch, request, generation_config, committer, metrics, start)
 

@@ -313,4 +313,7 @@ def _num_kv_splits(programs: int, max_context: int, block_n: int, device: torch.
     target = 2 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
     if programs >= target or MAX_KV_SPLITS <= 1:
         return 1
-    return max(1, min(MAX_KV_SPLITS, triton.cdiv(target, programs), max_context // (4 * block_n)))
+    splits = max(1, min(MAX_KV_SPLITS, triton.cdiv(target, programs), max_context // (4 * block_n)))
+    # A power of two: NUM_KV_SPLITS is a constexpr, and every new value JIT-compiles the kernel (seconds,
+    # in the middle of a call: prefill sees a new value for nearly every prompt length otherwise).
+    return 1 << (splits.bit_length() - 1)

@@ -66,8 +66,7 @@ class SpecRunner:
         self.warmup_seconds = 0.0
         self.compile_error: Optional[str] = None
         self.draft_behind = 0  # rounds of k = 0 the draft model has not read yet
-        self.round_costs: dict = {}  # (bucket, k) -> measured seconds, kept across calls (the policy's memory)
-        self.acceptance_prior: Optional[float] = None  # acceptance seen by the last call (the policy's prior)
+        self.policy_memory: dict = {}  # what the speculation-length policy keeps across calls (round costs, ...)
 
     # -- per call ------------------------------------------------------------------
     def begin(self, batch, spec: RoundSpec, logits_signature: tuple, vocab: int, graphs: bool, compile: bool,
@@ -102,8 +101,7 @@ class SpecRunner:
             self.graphs.clear()
             if self.key is None or (key.k, key.method, key.do_sample) != (self.key.k, self.key.method,
                                                                           self.key.do_sample):
-                self.round_costs.clear()
-                self.acceptance_prior = None
+                self.policy_memory.clear()
             self.key = key
         uses_draft = k > 0 and spec.method == "draft"
         models = {"target": self.target, "draft": self.draft} if uses_draft else {"target": self.target}
@@ -166,10 +164,12 @@ class SpecRunner:
         self.draft_behind = 0
 
     # -- rounds --------------------------------------------------------------------
-    def round(self, k: int) -> None:
-        """A round of ``k <= spec.k`` drafts for the current bucket: graph replays, or the same code eagerly."""
+    def round(self, k: int) -> bool:
+        """A round of ``k <= spec.k`` drafts for the current bucket: graph replays, or the same code eagerly.
+        True when the draft model first had to catch up on rounds of k = 0 (an eager forward)."""
         s = self.state
-        if k and self.spec.method == "draft" and self.draft_behind:  # after rounds of k = 0: eager, one forward
+        caught_up = bool(k and self.spec.method == "draft" and self.draft_behind)
+        if caught_up:
             catch_up_draft(s, self.models["draft"], self.draft_behind)
         self.draft_behind = 0 if k or self.spec.method == "ngram" else self.draft_behind + 1
         for stage, graph in self._stages(k):
@@ -178,6 +178,7 @@ class SpecRunner:
             else:
                 graph()
                 s.scores = graph.scores
+        return caught_up
 
     def capture(self, ks) -> None:
         """Capture the current bucket's graphs for every k in ``ks`` now (adaptive rounds may pick any)."""

@@ -16,8 +16,8 @@ The policy picks ``argmax_k sum_rows E_row(k) / c(B, k)``: tokens per second.
   replays: stable), kept across calls by the caller. Until ``k_max`` and ``0`` are both
   measured for a bucket, the policy tries them; other k are interpolated linearly from
   the measured ones until tried.
-* After a run of k = 0 the policy probes k > 0 once (every 16, 32, 64 ... rounds) so that
-  a draft which starts to agree with the target again is noticed.
+* After a run of k = 0 the policy probes k > 0 once (after 16, 32, 64 ... 256 rounds, a
+  schedule kept across calls) so that a draft which starts to agree again is noticed.
 
 Buckets fix the shape of a round, so k is one number per round; rows whose drafts keep
 failing pull the choice down only in proportion to what they lose.
@@ -35,15 +35,18 @@ _MAX_PROBE = 256
 
 
 class SpeculationLength:
-    def __init__(self, k_max: int, adaptive: bool, method: str, costs: Optional[dict] = None,
-                 prior: Optional[float] = None):
+    def __init__(self, k_max: int, adaptive: bool, method: str, memory: Optional[dict] = None):
+        """``memory``: what outlives a call (kept on the runner): round costs, the acceptance seen, the
+        probing schedule. A fresh dict starts from nothing."""
         self.k_max, self.adaptive, self.method = k_max, adaptive, method
-        self.costs = costs if costs is not None else {}  # (bucket, k) -> seconds
+        self.memory = memory if memory is not None else {}
+        self.costs = self.memory.setdefault("costs", {})  # (bucket, k) -> seconds
+        prior = self.memory.get("acceptance")
         self.prior = 0.5 if prior is None else min(max(prior, 0.02), 0.98)
         self.rows: dict[int, list[float]] = {}  # row -> [accepted, rejected, matched, unmatched] (decayed)
         self.histogram: Counter = Counter()
-        self.zero_streak = 0
-        self.probe_every = _FIRST_PROBE
+        self.memory.setdefault("zero_streak", 0)
+        self.memory.setdefault("probe_every", _FIRST_PROBE)
 
     def choose(self, bucket: int, rows: list[int]) -> int:
         k = self._choose(bucket, rows)
@@ -56,22 +59,29 @@ class SpeculationLength:
         for k in (self.k_max, 0):  # both ends measured first
             if (bucket, k) not in self.costs:
                 return k
-        rates = [self.expected_tokens(rows, k) / self.cost(bucket, k) for k in range(self.k_max + 1)]
+        tokens = self.expected_tokens(rows)
+        rates = [tokens[k] / self.cost(bucket, k) for k in range(self.k_max + 1)]
         best = max(range(self.k_max + 1), key=rates.__getitem__)
+        mem = self.memory
         if best > 0:
-            self.zero_streak, self.probe_every = 0, _FIRST_PROBE
+            mem["zero_streak"], mem["probe_every"] = 0, _FIRST_PROBE
             return best
-        self.zero_streak += 1
-        if self.zero_streak < self.probe_every:
+        mem["zero_streak"] += 1
+        if mem["zero_streak"] < mem["probe_every"]:
             return 0
-        self.zero_streak, self.probe_every = 0, min(self.probe_every * 2, _MAX_PROBE)
+        mem["zero_streak"], mem["probe_every"] = 0, min(mem["probe_every"] * 2, _MAX_PROBE)
         return max(range(1, self.k_max + 1), key=rates.__getitem__)
 
-    def expected_tokens(self, rows: list[int], k: int) -> float:
-        total = 0.0
+    def expected_tokens(self, rows: list[int]) -> list[float]:
+        """Expected tokens of a round of k = 0..k_max, summed over ``rows`` (O(rows * k_max))."""
+        total = [float(len(rows))] * (self.k_max + 1)
         for r in rows:
             a, m = self.acceptance(r), self.match_rate(r)
-            total += 1.0 + m * sum(a ** j for j in range(1, k + 1))
+            power, run = 1.0, 0.0
+            for k in range(1, self.k_max + 1):
+                power *= a
+                run += power
+                total[k] += m * run
         return total
 
     def acceptance(self, row: int) -> float:
@@ -112,8 +122,9 @@ class SpeculationLength:
                 miss += 1
             self.rows[row] = [acc, rej, hit, miss]
 
-    def mean_acceptance(self) -> Optional[float]:
-        """The acceptance seen in this call (the next call's prior), or None if nothing was drafted."""
+    def end_call(self) -> None:
+        """The acceptance seen in this call becomes the next call's prior (unchanged if nothing was drafted)."""
         acc = sum(v[0] for v in self.rows.values())
         rej = sum(v[1] for v in self.rows.values())
-        return acc / (acc + rej) if acc + rej else None
+        if acc + rej:
+            self.memory["acceptance"] = acc / (acc + rej)
