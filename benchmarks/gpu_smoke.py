@@ -3,7 +3,8 @@
 Random Llama models, fp32 (must be identical) and bf16 (reported), for the eager path, the
 runner with CUDA graphs, and graphs + torch.compile; batch 1, 3 and 32 with left padding
 and an EOS id that rows hit at different rounds; a second identical call must capture
-nothing (zero warm-up). Also a sampled run per path (reported only). One line per case;
+nothing (zero warm-up; with a fixed k: adaptive rounds may reach a bucket the first call did not).
+Also the adaptive-k and n-gram fast paths, and a sampled run per path (reported only). One line per case;
 exit status 1 if an fp32 case differs or a repeated call warms up again.
 
     python benchmarks/gpu_smoke.py [--paths eager,graphs,compile] [--batches 1,3,32]
@@ -20,8 +21,10 @@ import hf_specdec
 
 PATHS = {
     "eager": dict(bucketed=False),
-    "graphs": dict(cuda_graphs=True, compile=False),
-    "compile": dict(cuda_graphs=True, compile=True),
+    "graphs": dict(cuda_graphs=True, compile=False, adaptive=False),
+    "compile": dict(cuda_graphs=True, compile=True, adaptive=False),
+    "adaptive": dict(cuda_graphs=True, compile=True),  # k chosen per round: 0..4 all captured per bucket
+    "ngram": dict(cuda_graphs=True, compile=True, method="ngram"),
 }
 
 
@@ -50,7 +53,7 @@ def prompts(batch):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--paths", default="eager,graphs,compile")
+    ap.add_argument("--paths", default="eager,graphs,compile,adaptive,ngram")
     ap.add_argument("--batches", default="1,3,32")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     args = ap.parse_args()
@@ -69,26 +72,28 @@ def main():
             expected = target.generate(**kw)
             for name in args.paths.split(","):
                 spec = hf_specdec.SpecConfig(num_speculative_tokens=4, **PATHS[name])
+                assist = None if name == "ngram" else draft
                 times, warm = [], []
                 for _ in range(2):
                     torch.cuda.synchronize()
                     t0 = time.perf_counter()
-                    out = target.generate(**kw, assistant_model=draft, return_dict_in_generate=True, spec_config=spec)
+                    out = target.generate(**kw, assistant_model=assist, return_dict_in_generate=True, spec_config=spec)
                     torch.cuda.synchronize()
                     times.append(time.perf_counter() - t0)
                     warm.append(out.spec_metrics.warmup_seconds)
                 m = out.spec_metrics
                 same = (expected == out.sequences).float().mean().item() if expected.shape == out.sequences.shape else 0.0
                 sampled = target.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=32,
-                                          assistant_model=draft, spec_config=spec, return_dict_in_generate=True,
+                                          assistant_model=assist, spec_config=spec, return_dict_in_generate=True,
                                           top_k=0)
                 print(f"{str(dtype):15s} b={batch:3d} {name:8s} [{m.fast_path}] identical {same:.3f} "
                       f"acc {m.acceptance_rate:.2f} rounds {m.num_rounds} first {times[0]:.2f}s (warm-up {warm[0]:.2f}s) "
                       f"second {times[1]:.3f}s (warm-up {warm[1]:.2f}s) sampled-acc "
-                      f"{sampled.spec_metrics.acceptance_rate:.2f} [{sampled.spec_metrics.fast_path}]", flush=True)
+                      f"{sampled.spec_metrics.acceptance_rate:.2f} [{sampled.spec_metrics.fast_path}] "
+                      f"k {m.k_histogram}", flush=True)
                 if dtype == torch.float32 and same < 1.0:
                     ok = False
-                if name != "eager" and warm[1] > 0:
+                if name in ("graphs", "compile") and warm[1] > 0:
                     ok = False
     print("OK" if ok else "FAILED")
     sys.exit(0 if ok else 1)
