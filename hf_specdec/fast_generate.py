@@ -44,13 +44,15 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
     runner.load(rows, eos_ids)
     criteria = committer.criteria
     captured = set()
+    generated = {r: batch.gen_len[r] for r in rows}
     while True:
         bucket = runner.state.size
         if policy.adaptive and bucket not in captured:  # any k may come next: no capture inside timed rounds
             runner.capture(range(spec.k + 1))
             captured.add(bucket)
         warm = runner.warmup_seconds
-        k = policy.choose(bucket, [r for r in rows if r is not None])
+        live_rows = [r for r in rows if r is not None]
+        k = policy.choose(bucket, live_rows, [batch.max_new_tokens - generated.get(r, 0) for r in live_rows])
         start = time.perf_counter()
         with timer("round_seconds"):
             caught_up = runner.round(k)
@@ -60,6 +62,7 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
         clean = runner.warmup_seconds == warm and not caught_up  # no capture, compile or catch-up inside
         policy.observe(bucket, k, seconds if clean else None,
                        [(r, h[3], h[4]) for r, h in zip(rows, host) if r is not None])
+        generated.update((r, h[1]) for r, h in zip(rows, host) if r is not None)
         if criteria:
             cuts = host_criteria(runner, criteria, batch.prompt_width, host)
             if cuts:

@@ -110,7 +110,8 @@ def speculative_generate(
         release(committer.commit(batch, rows, [[t] for t in first.tolist()], scores, raw, 1), scorer, proposer)
 
         while rows := batch.active_rows():
-            k_round, started = policy.choose(bucket_for(len(rows)), rows), time.perf_counter()
+            remaining = [batch.max_new_tokens - batch.gen_len[b] for b in rows]
+            k_round, started = policy.choose(bucket_for(len(rows)), rows, remaining), time.perf_counter()
             with timer("propose_seconds"):
                 proposal = proposer.get_candidates(batch, rows, k_round) if k_round else None
             with timer("score_seconds"):

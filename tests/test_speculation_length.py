@@ -21,9 +21,9 @@ def measured(policy, bucket, costs):
 
 def test_explores_both_ends_first():
     policy = SpeculationLength(4, True, "draft")
-    assert policy.choose(8, [0]) == 4
+    assert policy.choose(8, [0], [100]) == 4
     policy.observe(8, 4, 1.0, [(0, 2, 4)])
-    assert policy.choose(8, [0]) == 0
+    assert policy.choose(8, [0], [100]) == 0
 
 
 def test_useless_draft_goes_to_zero_and_probes_ever_less_often():
@@ -33,7 +33,7 @@ def test_useless_draft_goes_to_zero_and_probes_ever_less_often():
         policy.observe(1, 4, None, [(0, 0, 4), (1, 0, 4)])
     chosen = []
     for _ in range(60):
-        k = policy.choose(1, [0, 1])
+        k = policy.choose(1, [0, 1], [100, 100])
         chosen.append(k)
         if k:
             policy.observe(1, k, None, [(0, 0, k), (1, 0, k)])
@@ -47,7 +47,7 @@ def test_good_draft_takes_the_longest_round():
     measured(policy, 1, {0: 1.0, 6: 1.6})
     for _ in range(10):
         policy.observe(1, 6, None, [(0, 6, 6)])
-    assert policy.choose(1, [0]) == 6
+    assert policy.choose(1, [0], [100]) == 6
 
 
 def test_expensive_verify_picks_a_middle_length():
@@ -55,12 +55,23 @@ def test_expensive_verify_picks_a_middle_length():
     measured(policy, 32, {0: 1.0, 1: 1.5, 8: 5.0})  # large batch: every drafted token costs
     for _ in range(10):
         policy.observe(32, 8, None, [(r, 2, 8) for r in range(32)])  # acceptance about 0.67
-    assert 1 <= policy.choose(32, list(range(32))) < 8
+    assert 1 <= policy.choose(32, list(range(32)), [100] * 32) < 8
 
 
 def test_fixed_and_zero():
-    assert SpeculationLength(3, False, "draft").choose(1, [0]) == 3
-    assert SpeculationLength(0, True, "draft").choose(1, [0]) == 0
+    assert SpeculationLength(3, False, "draft").choose(1, [0], [9]) == 3
+    assert SpeculationLength(0, True, "draft").choose(1, [0], [9]) == 0
+
+
+def test_the_slowest_row_sets_the_length():
+    """Many rows that accept everything and one that accepts little: long rounds would serve the many,
+    but the call lasts as long as the slow row, for which short rounds are cheaper per token."""
+    policy = SpeculationLength(8, True, "draft")
+    measured(policy, 32, {0: 1.0, 1: 1.3, 8: 3.4})
+    for _ in range(10):
+        policy.observe(32, 8, None, [(r, 8, 8) for r in range(31)] + [(31, 0, 8)])
+    assert policy.choose(32, list(range(32)), [100] * 32) <= 1
+    assert policy.choose(32, list(range(31)), [100] * 31) == 8  # without the slow row: the longest round
 
 
 def test_ngram_rows_without_matches_count_as_plain_steps():
@@ -78,7 +89,7 @@ def scripted(monkeypatch):
     """Rounds take k from SCHEDULE in turn (the real policy otherwise follows timings)."""
     turn = itertools.count()
     monkeypatch.setattr(SpeculationLength, "_choose",
-                        lambda self, bucket, rows: min(SCHEDULE[next(turn) % len(SCHEDULE)], self.k_max))
+                        lambda self, bucket, rows, remaining: min(SCHEDULE[next(turn) % len(SCHEDULE)], self.k_max))
 
 
 @pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])

@@ -66,7 +66,7 @@ def catch_up_draft(s: BucketState, draft: PagedModel, behind: int) -> None:
     positions = torch.where(s.done[:, None], span % 2, start[:, None] + span)
     input_ids = s.hist.gather(1, (s.pads + start)[:, None] + span).view(-1)
     seq_lens = torch.where(s.done, behind, start + behind)
-    draft.forward(input_ids, positions.reshape(-1), s.draft_tables, seq_lens, behind, True)
+    draft.forward(input_ids, positions.reshape(-1), s.draft_tables, seq_lens, behind, True, eager=True)
 
 
 def propose(s: BucketState, draft: PagedModel, spec: RoundSpec, k: int) -> None:

@@ -25,9 +25,10 @@ class PagedModel:
         self.call = call  # a compiled model, or None for the model itself
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor,
-                seq_lens: torch.Tensor, q: int, last_only: bool) -> torch.Tensor:
+                seq_lens: torch.Tensor, q: int, last_only: bool, eager: bool = False) -> torch.Tensor:
         """``input_ids``/``positions`` ``(B*q,)``, row b's tokens at ``[b*q, (b+1)*q)``; ``seq_lens`` ``(B,)``
-        lengths after the step. Returns fp32 logits ``(B, V)`` of each row's last token, or ``(B*q, V)``."""
+        lengths after the step. Returns fp32 logits ``(B, V)`` of each row's last token, or ``(B*q, V)``.
+        ``eager``: the model itself even when compiled (an odd one-off shape would recompile it)."""
         B = tables.shape[0]
         bs = self.cache.block_size
         device = input_ids.device
@@ -36,5 +37,5 @@ class PagedModel:
         query_start_loc = torch.arange(B + 1, device=device, dtype=torch.int32) * q
         batch = PagedBatch(self.cache, tables, seq_lens.to(torch.int32), query_start_loc, slots, positions, q)
         rows = torch.arange(B, device=device) * q + (q - 1) if last_only else torch.arange(B * q, device=device)
-        logits = paged_forward(self.model, input_ids, batch, rows, call=self.call)
+        logits = paged_forward(self.model, input_ids, batch, rows, call=None if eager else self.call)
         return align_vocab(logits, self.vocab_size)
