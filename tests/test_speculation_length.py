@@ -124,3 +124,17 @@ def test_changing_k_keeps_the_sampling_law(scripted, pair, bucketed):  # noqa: F
     counts = torch.bincount(out.sequences[:, L + 1] * 6 + out.sequences[:, L + 2], minlength=36).double()
     assert out.spec_metrics.k_histogram.get(0, 0) >= 1
     assert chi_square_pvalue(counts, exact_joint_23(target, prompt)) > 1e-3
+
+
+def test_long_runs_of_zero_catch_up_in_chunks(monkeypatch):
+    """More rounds of k = 0 than the runner's catch-up chunk, then drafting again: the draft model read
+    every token (a copy of the target still agrees) and the output is the target's own."""
+    schedule = iter([2] + [0] * 37 + [2] * 40)
+    monkeypatch.setattr(SpeculationLength, "_choose", lambda self, bucket, rows, remaining: next(schedule))
+    target = hf_specdec.enable(make_model("llama", seed=5))
+    ids, mask = left_padded_prompts(3, seed=2)
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=60)
+    out = target.generate(**kw, assistant_model=make_draft(target, "full"), return_dict_in_generate=True,
+                          spec_config=hf_specdec.SpecConfig(num_speculative_tokens=2, bucketed=True, adaptive=True))
+    assert torch.equal(out.sequences, target.generate(**kw))
+    assert out.spec_metrics.k_histogram[0] == 37 and out.spec_metrics.acceptance_rate == 1.0

@@ -56,17 +56,21 @@ def propose_ngram(s: BucketState, spec: RoundSpec, k: int) -> None:
     s.counts.copy_(counts)
 
 
-def catch_up_draft(s: BucketState, draft: PagedModel, behind: int) -> None:
+def catch_up_draft(s: BucketState, draft: PagedModel, behind: int, compiled: bool) -> None:
     """The draft model read nothing during ``behind`` rounds of k = 0 (one token each): feed it those
     tokens, positions ``length-2-behind .. length-3``, so that ``propose`` finds its usual state.
-    Done and padding rows write only positions 0 and 1 of their own (or the scratch) blocks."""
+    Feeding more than were missed re-feeds cached tokens (identical K/V); a row shorter than that
+    starts at position 0 and writes K/V past its length, which later rounds overwrite before reading.
+    Done and padding rows write only positions 0 and 1 of their own (or the scratch) blocks.
+    ``compiled=False`` runs the uncompiled draft (an odd ``behind`` would recompile it)."""
     device = s.hist.device
     span = torch.arange(behind, device=device)
     start = (s.length - 2 - behind).clamp(min=0)
     positions = torch.where(s.done[:, None], span % 2, start[:, None] + span)
     input_ids = s.hist.gather(1, (s.pads + start)[:, None] + span).view(-1)
     seq_lens = torch.where(s.done, behind, start + behind)
-    draft.forward(input_ids, positions.reshape(-1), s.draft_tables, seq_lens, behind, True, eager=True)
+    draft.forward(input_ids, positions.reshape(-1), s.draft_tables, seq_lens, behind, True,
+                  eager=not compiled)
 
 
 def propose(s: BucketState, draft: PagedModel, spec: RoundSpec, k: int) -> None:

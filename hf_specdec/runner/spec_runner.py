@@ -26,6 +26,8 @@ from .fixed_round import RoundSpec, catch_up_draft, propose, propose_ngram, veri
 from .graphs import StageGraph
 from .paged_model import PagedModel
 
+CATCH_UP = 16  # tokens the draft model reads at once after rounds of k = 0
+
 
 @dataclass(frozen=True)
 class RunnerKey:
@@ -168,10 +170,10 @@ class SpecRunner:
         """A round of ``k <= spec.k`` drafts for the current bucket: graph replays, or the same code eagerly.
         True when the draft model first had to catch up on rounds of k = 0 (an eager forward)."""
         s = self.state
-        caught_up = bool(k and self.spec.method == "draft" and self.draft_behind)
-        if caught_up:
-            catch_up_draft(s, self.models["draft"], self.draft_behind)
-        self.draft_behind = 0 if k or self.spec.method == "ngram" else self.draft_behind + 1
+        caught_up, drafting = False, self.spec.method == "draft" and self.spec.k > 0
+        if drafting and self.draft_behind and (k or self.draft_behind == CATCH_UP):
+            caught_up, self.draft_behind = self._catch_up(), 0
+        self.draft_behind = self.draft_behind + 1 if drafting and k == 0 else 0
         for stage, graph in self._stages(k):
             if graph is None:
                 stage()
@@ -185,6 +187,32 @@ class SpecRunner:
         if self.key.graphs:
             for k in ks:
                 self._stages(k)
+            if self.spec.method == "draft" and self.spec.k and self._catch_up_graph_fits():
+                self._catch_up_graph()
+
+    def _catch_up(self) -> bool:
+        """Feed the draft model the tokens of its rounds of k = 0: every CATCH_UP such rounds, and before a
+        round that drafts. A graph of CATCH_UP tokens per row (re-feeding cached tokens rewrites identical
+        K/V) where graphs run and every row's budget holds them; else eagerly. True if it ran eagerly."""
+        s, behind = self.state, self.draft_behind
+        if self.key.graphs and behind <= CATCH_UP and self._catch_up_graph_fits():
+            self._catch_up_graph()()
+            return False
+        catch_up_draft(s, self.models["draft"], behind, compiled=False)
+        return True
+
+    def _catch_up_graph_fits(self) -> bool:
+        """Short rows feed positions 0..CATCH_UP-1: each must lie inside the row's reserved budget."""
+        return self.batch.max_new_tokens + self.spec.k + 2 >= CATCH_UP
+
+    def _catch_up_graph(self) -> StageGraph:
+        s = self.state
+        graph = self.graphs.get(("catch_up", s.size, CATCH_UP))
+        if graph is None:
+            stage = lambda: catch_up_draft(s, self.models["draft"], CATCH_UP, compiled=True)  # noqa: E731
+            graph = self.graphs[("catch_up", s.size, CATCH_UP)] = StageGraph(stage, s.tensors(), None)
+            self.warmup_seconds += graph.capture_seconds
+        return graph
 
     def _stages(self, k: int) -> list:
         """[(stage, its graph or None)] of a round of k: propose (k > 0), then verify and commit."""

@@ -30,8 +30,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Optional
 
-_DECAY = 0.9  # weight of older rounds in a row's acceptance counts
-_PRIOR_WEIGHT = 2.0  # pseudo-rounds of the prior
+_DECAY = 0.97  # weight of older rounds in a row's acceptance counts (a short memory chases noise)
+_PRIOR_WEIGHT = 4.0  # pseudo-rounds of the prior
 _COST_EMA = 0.3  # weight of the newest measurement of a round's cost
 _FIRST_PROBE = 16
 _MAX_PROBE = 256
