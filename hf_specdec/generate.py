@@ -37,6 +37,7 @@ from .setup import build_caches, cache_budget, check_request
 from .strategies.draft_model import DraftModelProposer
 from .strategies.target_scorer import TargetScorer
 from .strategies.verifier import Verifier
+from .tensor_parallel import check_ranks_agree, lockstep_generator, lockstep_group
 
 
 @dataclass
@@ -60,9 +61,11 @@ def speculative_generate(
     spec_config = spec_config if spec_config is not None else SpecConfig()
     generation_config = generation_config if generation_config is not None else model.generation_config
     request = check_request(model, draft_model, input_ids, generation_config, spec_config, model_kwargs, spec_streamer)
-    k, do_sample, gen = spec_config.num_speculative_tokens, request.do_sample, spec_config.generator
+    k, do_sample = spec_config.num_speculative_tokens, request.do_sample
+    group = lockstep_group(model, draft_model if k else None, spec_config.draft_tp)  # tensor-parallel ranks
+    gen = lockstep_generator(model, group, spec_config.generator, do_sample, input_ids.device)
     path = choose_path(spec_config, input_ids.device, logits_processor, generation_config, spec_streamer,
-                       request.eos_token_ids)
+                       request.eos_token_ids, (model, draft_model if k else None))
     metrics = SpecMetrics(num_speculative_tokens=k, fast_path=path.label)
     timer = StageTimer(metrics, input_ids.device, spec_config.sync_stage_timing)
     start = time.perf_counter()
@@ -85,7 +88,7 @@ def speculative_generate(
         with paged_attention_enabled(*models):
             run_fast(runner, batch, spec, logits, committer, request.eos_token_ids, metrics, timer)
         metrics.warmup_seconds = runner.warmup_seconds
-        return _finish(batch, request, generation_config, committer, metrics, start)
+        return _finish(batch, request, generation_config, committer, metrics, start, group)
 
     target_cache, draft_cache = build_caches(model, draft_model, batch, spec_config)
     scorer = TargetScorer(model, target_cache, k)
@@ -116,15 +119,16 @@ def speculative_generate(
             proposer.update_candidate_strategy(batch, rows, accepted)
             scorer.update_after_verify(batch, rows, accepted)
             release(committer.commit(batch, rows, runs, scores, raw, k + 1), scorer, proposer)
-    return _finish(batch, request, generation_config, committer, metrics, start)
+    return _finish(batch, request, generation_config, committer, metrics, start, group)
 
 
 def _finish(batch: SequenceBatch, request, generation_config, committer: Committer, metrics: SpecMetrics,
-            start: float):
+            start: float, group=None):
     committer.end()
     metrics.num_emitted_tokens = sum(batch.gen_len)
     metrics.total_seconds = time.perf_counter() - start
     sequences = batch.sequences(request.pad_token_id)
+    check_ranks_agree(group, sequences)
     if not generation_config.return_dict_in_generate:
         return sequences
     B, V = batch.size, request.vocab_size

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 from transformers import PreTrainedModel
 
-from ..cache import PagedKVCache, blocks_for, paged_forward
+from ..cache import PagedKVCache, blocks_for, input_device, paged_forward
 from .bucket_state import MAX_EOS_IDS, BucketState, bucket_for
 from .fixed_round import RoundSpec, propose, verify_and_commit
 from .graphs import StageGraph
@@ -100,7 +100,7 @@ class SpecRunner:
         for name, model in models.items():
             cache = self.caches.get(name)
             if cache is None:
-                device = model.get_input_embeddings().weight.device
+                device = input_device(model)
                 cache = self.caches[name] = PagedKVCache(pool_blocks, block_size, batch.size + 1,
                                                          key.table_width * block_size, device, hint)
             cache.reset(batch.size + 1, key.table_width * block_size, hint)
