@@ -33,13 +33,14 @@ _HASH_SEED = 0x5EED
 
 def tp_mesh(model: Optional[PreTrainedModel]):
     """The tensor-parallel device mesh of ``model`` (None when it is not sharded over several ranks)."""
-    if model is None:
+    if model is None or not dist.is_available():
         return None
-    mesh = getattr(model, "_device_mesh", None)
-    if mesh is None:
-        from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor
 
-        mesh = next((p.device_mesh for p in model.parameters() if isinstance(p, DTensor)), None)
+    # the mesh the weights are sharded on (transformers >= 5.2x keeps a larger mesh on the model)
+    mesh = next((p.device_mesh for p in model.parameters() if isinstance(p, DTensor)), None)
+    if mesh is not None and mesh.ndim > 1:
+        mesh = mesh["tp"] if "tp" in (mesh.mesh_dim_names or ()) else None
     return mesh if mesh is not None and mesh.size() > 1 else None
 
 
