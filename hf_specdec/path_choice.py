@@ -74,6 +74,9 @@ def _unsupported(generation_config, streamer, eos_ids: list[int]) -> Optional[st
 def spread_over_devices(models: tuple, device: torch.device) -> Optional[str]:
     """Why a round cannot be one CUDA graph: a graph records one GPU's stream, so every model must compute
     on the inputs' device only (a ``device_map`` split or a draft on another GPU runs without graphs)."""
+    if device.type == "cuda" and device.index != torch.cuda.current_device():
+        return (f"the inputs are on {device} but the current CUDA device is {torch.cuda.current_device()} (graphs "
+                f"capture the current device's stream): call torch.cuda.set_device({device.index}) first")
     for name, model in zip(("target", "draft"), models):
         devices = model_devices(model) if model is not None else {device}
         if devices != {device}:

@@ -69,13 +69,22 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
     v = value[0].transpose(0, 1)
     key_pool, value_pool = batch.cache.layer_pools(module.layer_idx, k)
     batch = batch.on(q.device)  # accelerate may place this layer on another device than the metadata
-    write_kv_to_slots(k, v, key_pool, value_pool, batch.slot_mapping)
-    out = paged_attention(
-        q.contiguous(), key_pool, value_pool, batch.block_tables, batch.seq_lens, batch.query_start_loc,
-        batch.max_query_len, scaling if scaling is not None else q.shape[-1] ** -0.5,
-        kwargs.get("sliding_window"), kwargs.get("softcap"),
-    )
+    with _launch_device(q):
+        write_kv_to_slots(k, v, key_pool, value_pool, batch.slot_mapping)
+        out = paged_attention(
+            q.contiguous(), key_pool, value_pool, batch.block_tables, batch.seq_lens, batch.query_start_loc,
+            batch.max_query_len, scaling if scaling is not None else q.shape[-1] ** -0.5,
+            kwargs.get("sliding_window"), kwargs.get("softcap"),
+        )
     return out.unsqueeze(0), None
+
+
+def _launch_device(t: torch.Tensor):
+    """Triton launches on the *current* CUDA device: a layer (or draft) on another GPU switches to its own.
+    Never while compiling: compiled models run on one device (CUDA graphs need it)."""
+    if t.is_cuda and not torch.compiler.is_compiling() and t.device.index != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
 
 
 AttentionInterface.register(ATTN_NAME, paged_attention_forward)

@@ -146,7 +146,7 @@ class SpecRunner:
         s.done[:n] = False
         for name, pm in self.models.items():
             tables = s.target_tables if name == "target" else s.draft_tables
-            tables[:n] = pm.cache.block_tables.index_select(0, index + 1)[:, : key.table_width]
+            tables[:n] = pm.cache.block_tables.index_select(0, (index + 1).to(pm.cache.device))[:, : key.table_width]
         self._clear_padding(s, n)
         s.max_new.fill_(batch.max_new_tokens)
         s.eos.copy_(torch.tensor((eos_ids + [-1] * MAX_EOS_IDS)[:MAX_EOS_IDS], device=device))
@@ -226,7 +226,8 @@ class SpecRunner:
         return s
 
     def _clear_padding(self, s: BucketState, live: int) -> None:
-        scratch = {name: pm.cache.block_tables[0, : self.key.table_width] for name, pm in self.models.items()}
+        scratch = {name: pm.cache.block_tables[0, : self.key.table_width].to(s.hist.device)  # a draft on another GPU
+                   for name, pm in self.models.items()}
         s.clear_padding(live, scratch["target"], scratch.get("draft", scratch["target"]))
 
     def _compiled(self, name: str, model: PreTrainedModel):
