@@ -4,8 +4,11 @@
 The dataset is loaded with `datasets` from local files (HumanEval.jsonl.gz or any
 jsonl with --prompt-field).  Prompts are sharded over processes with accelerate's
 PartialState().split_between_processes, so the same script runs on one device or
-under `accelerate launch --num_processes N evals/run_eval.py ...`; results are
-gathered on the main process, which writes
+under `accelerate launch --num_processes N evals/run_eval.py ...` (data parallel: each
+process its own target and draft); results are gathered on the main process. With
+--tp the launched processes instead hold one tensor-parallel target (tp_plan="auto")
+and run every prompt together (--draft-tp: draft replicated or split too). The main
+process shows the one progress bar and writes
 
     OUT/results.json   per-prompt tokens, seconds, tokens/s per method, acceptance
     OUT/eval.png       acceptance-length histogram + tokens/s per method
@@ -17,6 +20,7 @@ warm-up generation per method.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -29,9 +33,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 sys.path.insert(0, os.path.dirname(HERE))  # the repository root, for benchmarks.common
 from benchmarks.common import (  # noqa: E402
-    Timer, acceptance_length_histogram, aggregate_metrics, find_humaneval, load_pair, metrics_dict,
-    spec_available, valid_new_tokens,
+    Timer, acceptance_length_histogram, aggregate_metrics, find_humaneval, metrics_dict, spec_available,
+    valid_new_tokens,
 )
+sys.path.insert(0, HERE)
+from eval_models import load_models  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -51,6 +57,10 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--tp", action="store_true",
+                   help="one tensor-parallel target over the launched processes instead of one pair per process")
+    p.add_argument("--draft-tp", type=int, default=1,
+                   help="with --tp: 1 = the draft replicated on every process, N = split like the target")
     return p.parse_args(argv)
 
 
@@ -135,7 +145,7 @@ def main(argv=None):
             raise SystemExit(f"hf_specdec is not available ({why}); run with --methods plain")
 
     data_path, prompts = load_prompts(args)
-    tok, target, draft = load_pair(args.target, args.draft, device, dtype)
+    tok, target, draft = load_models(args.target, args.draft, device, dtype, args.tp, args.draft_tp)
     if "hf_specdec" in methods:
         import hf_specdec
 
@@ -151,21 +161,22 @@ def main(argv=None):
     def call(method, ids, mask):
         if method == "plain":
             return target.generate(input_ids=ids, attention_mask=mask, **kw)
-        return target.generate(input_ids=ids, attention_mask=mask, assistant_model=draft,
-                               spec_config=hf_specdec.SpecConfig(num_speculative_tokens=args.k), **kw)
+        spec = hf_specdec.SpecConfig(num_speculative_tokens=args.k, draft_tp=args.draft_tp if args.tp else None)
+        return target.generate(input_ids=ids, attention_mask=mask, assistant_model=draft, spec_config=spec, **kw)
 
     def encode(text):
         enc = tok(text, return_tensors="pt", truncation=True, max_length=args.max_prompt_tokens)
         return enc["input_ids"].to(device), enc["attention_mask"].to(device)
 
     rows = []
-    with state.split_between_processes(prompts) as shard:
+    # --tp: every process runs every prompt (one sharded target); otherwise each runs its share
+    with (contextlib.nullcontext(prompts) if args.tp else state.split_between_processes(prompts)) as shard:
         if shard:
             ids, mask = encode(shard[0]["prompt"])
             for m in methods:  # warm-up
                 call(m, ids, mask)
-        bar = tqdm(shard, desc=f"eval[{state.process_index}]", disable=not shard,
-                   position=state.process_index, dynamic_ncols=True)
+        what = "" if args.tp or state.num_processes == 1 else f" (share of process 0 of {state.num_processes})"
+        bar = tqdm(shard, desc="eval" + what, disable=not shard or not state.is_main_process, dynamic_ncols=True)
         for item in bar:
             ids, mask = encode(item["prompt"])
             row = {"index": item["index"], "id": item["id"], "prompt_tokens": int(ids.shape[1]),
@@ -193,7 +204,7 @@ def main(argv=None):
             if "hf_specdec" in row and row["hf_specdec"].get("mean_acceptance_length") is not None:
                 bar.set_postfix(acc_len=f"{row['hf_specdec']['mean_acceptance_length']:.2f}")
 
-    all_rows = gather_object(rows)
+    all_rows = rows if args.tp else gather_object(rows)
     if state.is_main_process:
         all_rows = sorted(all_rows, key=lambda r: r["index"])
         summary = {}
@@ -219,6 +230,7 @@ def main(argv=None):
         os.makedirs(args.out, exist_ok=True)
         report = {"data": os.path.abspath(data_path), "target": os.path.abspath(args.target),
                   "draft": os.path.abspath(args.draft), "num_processes": state.num_processes,
+                  "parallel": "tensor" if args.tp else "data",
                   "device": str(device), "config": vars(args), "summary": summary, "rows": all_rows}
         with open(os.path.join(args.out, "results.json"), "w") as fh:
             json.dump(report, fh, indent=2, default=str)

@@ -45,6 +45,10 @@ class SpecConfig:
         CUDA is available; True on CPU raises.
     compile: torch.compile the models before capture. None: on where CUDA graphs run;
         True without CUDA graphs raises.
+    draft_tp: with a tensor-parallel target (``tp_plan="auto"``), the number of ranks the draft is
+        split over: 1 = a replicated draft (an ordinary model on each rank's GPU), N = loaded with
+        ``tp_plan`` over the target's N ranks. A draft loaded otherwise raises, naming the fix.
+        None takes the draft as loaded. See docs/parallel.md.
     """
 
     num_speculative_tokens: int = 4
@@ -63,6 +67,7 @@ class SpecConfig:
     bucketed: Optional[bool] = None
     cuda_graphs: Optional[bool] = None
     compile: Optional[bool] = None
+    draft_tp: Optional[int] = None
 
     def __post_init__(self):
         k = self.num_speculative_tokens
@@ -101,3 +106,7 @@ class SpecConfig:
             raise ValueError("Set at most one of SpecConfig.cache_tokens and SpecConfig.cache_memory_fraction.")
         if self.generator is not None and not isinstance(self.generator, torch.Generator):
             raise ValueError(f"SpecConfig.generator must be a torch.Generator or None; got {type(self.generator)}.")
+        tp = self.draft_tp
+        if tp is not None and (not isinstance(tp, int) or isinstance(tp, bool) or tp < 1):
+            raise ValueError(f"SpecConfig.draft_tp must be None or an int >= 1 (ranks the draft is split over); "
+                             f"got {tp!r}.")

@@ -3,7 +3,8 @@
 transformers does not forward ``assistant_model`` or ``streamer`` to a ``custom_generate``
 callable, so the wrapper moves them under the callable's own parameter names
 (``draft_model``, ``spec_streamer``) and lets transformers do all its usual preparation.
-Without ``spec_config`` the call goes to the original ``generate`` untouched.
+Without ``spec_config`` the call goes to the original ``generate`` untouched; with it, the call
+runs with the model's GPU as the current CUDA device.
 
 transformers also drops ``tokenizer`` on that path, which stop strings need, so the
 wrapper turns stop strings into Hugging Face's own ``StopStringCriteria`` itself.
@@ -14,8 +15,10 @@ runs only at batch size 1; on an enabled model it becomes
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
+import torch
 from transformers import PreTrainedModel, StoppingCriteriaList, StopStringCriteria
 
 from .config import SpecConfig
@@ -40,11 +43,19 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
         streamer = kwargs.pop("streamer", None)
         if streamer is not None:
             kwargs["spec_streamer"] = streamer
-        return original(*args, custom_generate=speculative_generate, spec_config=spec_config, **kwargs)
+        with _current_device(model):
+            return original(*args, custom_generate=speculative_generate, spec_config=spec_config, **kwargs)
 
     generate._hf_specdec_enabled = True
     model.generate = generate
     return model
+
+
+def _current_device(model: PreTrainedModel):
+    """The call runs with the model's (first) GPU as the current CUDA device: Triton kernels launch on the
+    current device and CUDA graphs capture its stream, and a model may live on another GPU than device 0."""
+    device = model.device
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _stop_strings_as_criteria(model: PreTrainedModel, kwargs: dict) -> None:

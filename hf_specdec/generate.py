@@ -39,6 +39,7 @@ from .strategies.ngram import NgramProposer
 from .strategies.speculation_length import SpeculationLength
 from .strategies.target_scorer import TargetScorer
 from .strategies.verifier import Verifier
+from .tensor_parallel import check_ranks_agree, lockstep_generator, lockstep_group
 
 
 @dataclass
@@ -62,9 +63,11 @@ def speculative_generate(
     spec_config = spec_config if spec_config is not None else SpecConfig()
     generation_config = generation_config if generation_config is not None else model.generation_config
     request = check_request(model, draft_model, input_ids, generation_config, spec_config, model_kwargs, spec_streamer)
-    k, do_sample, gen = spec_config.num_speculative_tokens, request.do_sample, spec_config.generator
+    k, do_sample = spec_config.num_speculative_tokens, request.do_sample
+    group = lockstep_group(model, draft_model if k else None, spec_config.draft_tp)  # tensor-parallel ranks
+    gen = lockstep_generator(model, group, spec_config.generator, do_sample, input_ids.device)
     path = choose_path(spec_config, input_ids.device, logits_processor, generation_config, spec_streamer,
-                       request.eos_token_ids)
+                       request.eos_token_ids, (model, draft_model if k else None))
     metrics = SpecMetrics(num_speculative_tokens=k, fast_path=path.label)
     timer = StageTimer(metrics, input_ids.device, spec_config.sync_stage_timing)
     start = time.perf_counter()
@@ -78,7 +81,12 @@ def speculative_generate(
 
     method, ngram_sizes = spec_config.method, (spec_config.prompt_lookup_min, spec_config.prompt_lookup_max)
     draft = draft_model if k and method == "draft" else None
-    adaptive = spec_config.adaptive if spec_config.adaptive is not None else gen is None
+    # Adaptive k follows this process's timings: tensor-parallel ranks would choose differently, so it is
+    # off there (and by default with a generator: seeded runs repeat bit for bit only at a fixed k).
+    if spec_config.adaptive and group is not None:
+        raise ValueError("SpecConfig(adaptive=True) under tensor parallelism would let ranks pick different k "
+                         "from their own timings; drop adaptive=True (the default is a fixed k there).")
+    adaptive = spec_config.adaptive if spec_config.adaptive is not None else (gen is None and group is None)
     if path.bucketed:
         runner = runner_for(model, draft)
         spec = round_spec(k, do_sample, spec_config.acceptance, path.logits, gen, spec_config.posterior_threshold,
@@ -91,7 +99,7 @@ def speculative_generate(
             run_fast(runner, batch, spec, logits, committer, request.eos_token_ids, metrics, timer, policy)
         policy.end_call()
         metrics.warmup_seconds = runner.warmup_seconds
-        return _finish(batch, request, generation_config, committer, metrics, start)
+        return _finish(batch, request, generation_config, committer, metrics, start, group)
 
     target_cache, draft_cache = build_caches(model, draft, batch, spec_config)
     scorer = TargetScorer(model, target_cache, k)
@@ -135,15 +143,16 @@ def speculative_generate(
                 proposer.update_candidate_strategy(batch, rows, accepted)
             scorer.update_after_verify(batch, rows, accepted)
             release(committer.commit(batch, rows, runs, scores, raw, k_round + 1), scorer, proposer)
-    return _finish(batch, request, generation_config, committer, metrics, start)
+    return _finish(batch, request, generation_config, committer, metrics, start, group)
 
 
 def _finish(batch: SequenceBatch, request, generation_config, committer: Committer, metrics: SpecMetrics,
-            start: float):
+            start: float, group=None):
     committer.end()
     metrics.num_emitted_tokens = sum(batch.gen_len)
     metrics.total_seconds = time.perf_counter() - start
     sequences = batch.sequences(request.pad_token_id)
+    check_ranks_agree(group, sequences)
     if not generation_config.return_dict_in_generate:
         return sequences
     B, V = batch.size, request.vocab_size

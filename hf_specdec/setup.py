@@ -12,8 +12,9 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from .batch_state import SequenceBatch
-from .cache import PagedKVCache, blocks_for, check_paged_support
+from .cache import PagedKVCache, blocks_for, check_paged_support, input_device
 from .config import SpecConfig
+from .tensor_parallel import tp_size
 
 # Vocabularies padded for efficiency differ by at most this many (unused) rows.
 _MAX_VOCAB_PADDING = 256
@@ -104,6 +105,7 @@ def _bytes_per_token(model: PreTrainedModel) -> int:
     cfg = model.config.get_text_config()
     heads = cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    kv_heads = max(1, kv_heads // tp_size(model))  # a tensor-parallel rank caches its own heads only
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     return 2 * cfg.num_hidden_layers * kv_heads * head_dim * model.dtype.itemsize
 
@@ -140,6 +142,6 @@ def build_caches(target: PreTrainedModel, draft: PreTrainedModel, batch: Sequenc
         if m is None:  # a proposer without a draft model (n-gram)
             caches.append(None)
             continue
-        device = m.get_input_embeddings().weight.device
+        device = input_device(m)
         caches.append(PagedKVCache(num_blocks, bs, batch.size, per_seq, device, hint))
     return caches[0], caches[1]

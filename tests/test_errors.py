@@ -20,10 +20,19 @@ def run(target, draft, **kw):
 @pytest.mark.parametrize("field,value", [
     ("num_speculative_tokens", -1), ("num_speculative_tokens", 2.5), ("acceptance", "maybe"),
     ("block_size", 0), ("cache_tokens", -4), ("cache_memory_fraction", 1.5), ("posterior_alpha", 2.0),
+    ("draft_tp", 0), ("draft_tp", True),
 ])
 def test_invalid_spec_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"SpecConfig.{field}"):
         hf_specdec.SpecConfig(**{field: value})
+
+
+def test_draft_tp_checked_against_the_loaded_draft(target):
+    draft = make_draft(target, "mix")
+    with pytest.raises(ValueError, match=r"SpecConfig\(draft_tp=2\) but the draft is split over 1 rank\(s\)"):
+        run(target, draft, spec_config=hf_specdec.SpecConfig(num_speculative_tokens=3, draft_tp=2))
+    out = run(target, draft, spec_config=hf_specdec.SpecConfig(num_speculative_tokens=3, draft_tp=1))
+    assert out.shape[0] == 2
 
 
 def test_incompatible_vocabulary(target):

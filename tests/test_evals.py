@@ -104,3 +104,29 @@ def test_e2e_smoke(pair, tmp_path):
                 assert r["fast_path"] == "bucketed" and "stage_note" in r  # stage costs need CUDA events
             if r["mode"] == "greedy":
                 assert r["identical_to_plain_eager_greedy"] == 1.0
+
+
+def _torchrun_eval(pair, out, *extra):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           os.path.join(REPO, "evals", "run_eval.py"), "--target", str(pair / "target"), "--draft",
+           str(pair / "draft"), "--data", HUMANEVAL, "--limit", "3", "--max-new-tokens", "12", "--k", "3",
+           "--out", str(out), *extra]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return json.load(open(out / "results.json")), res.stderr
+
+
+@needs_data
+@pytest.mark.skipif(not SPEC_OK, reason=f"hf_specdec.enable is not available yet ({SPEC_WHY})")
+@pytest.mark.parametrize("parallel", ["data", "tensor"])
+def test_run_eval_two_processes(pair, tmp_path, parallel):
+    """Two gloo processes: prompts sharded (data) or one target split over both (--tp); the main process
+    writes every row, its progress bar is the only one."""
+    report, stderr = _torchrun_eval(pair, tmp_path / parallel, *(["--tp"] if parallel == "tensor" else []))
+    assert report["num_processes"] == 2 and report["parallel"] == parallel
+    assert [r["index"] for r in report["rows"]] == [0, 1, 2]
+    assert {r["process"] for r in report["rows"]} == ({0, 1} if parallel == "data" else {0})
+    assert report["summary"]["identical_to_plain_share"] == 1.0
+    assert (tmp_path / parallel / "eval.png").exists()
+    assert "eval[1]" not in stderr and "share of process 1" not in stderr

@@ -30,6 +30,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..kernels import paged_attention, write_kv_to_slots
+from .devices import hidden_states_device, input_device
 
 ATTN_NAME = "hf_specdec_paged"
 PAGED_BATCH_KWARG = "hf_specdec_batch"
@@ -67,15 +68,23 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
     k = key[0].transpose(0, 1)
     v = value[0].transpose(0, 1)
     key_pool, value_pool = batch.cache.layer_pools(module.layer_idx, k)
-    write_kv_to_slots(k, v, key_pool, value_pool, batch.slot_mapping.to(k.device))
-    dev = q.device  # accelerate may place this layer on another device than the metadata
-    out = paged_attention(
-        q.contiguous(), key_pool, value_pool, batch.block_tables.to(dev), batch.seq_lens.to(dev),
-        batch.query_start_loc.to(dev),
-        batch.max_query_len, scaling if scaling is not None else q.shape[-1] ** -0.5,
-        kwargs.get("sliding_window"), kwargs.get("softcap"),
-    )
+    batch = batch.on(q.device)  # accelerate may place this layer on another device than the metadata
+    with _launch_device(q):
+        write_kv_to_slots(k, v, key_pool, value_pool, batch.slot_mapping)
+        out = paged_attention(
+            q.contiguous(), key_pool, value_pool, batch.block_tables, batch.seq_lens, batch.query_start_loc,
+            batch.max_query_len, scaling if scaling is not None else q.shape[-1] ** -0.5,
+            kwargs.get("sliding_window"), kwargs.get("softcap"),
+        )
     return out.unsqueeze(0), None
+
+
+def _launch_device(t: torch.Tensor):
+    """Triton launches on the *current* CUDA device: a layer (or draft) on another GPU switches to its own.
+    Never while compiling: compiled models run on one device (CUDA graphs need it)."""
+    if t.is_cuda and not torch.compiler.is_compiling() and t.device.index != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
 
 
 AttentionInterface.register(ATTN_NAME, paged_attention_forward)
@@ -150,13 +159,13 @@ def paged_forward(model: PreTrainedModel, input_ids: torch.Tensor, batch, logits
                   call=None) -> torch.Tensor:
     """One packed forward over ``input_ids`` ``(T,)``; returns fp32 logits of the rows ``logits_rows``.
     ``call``: what to invoke instead of ``model`` itself (its compiled version)."""
-    device = model.get_input_embeddings().weight.device
+    device = input_device(model)
     with _paged_implementation(model):
         out = (call if call is not None else model)(
             input_ids=input_ids[None].to(device),
             position_ids=batch.positions[None].to(device),
             use_cache=False,
-            logits_to_keep=logits_rows.to(device),
+            logits_to_keep=logits_rows.to(hidden_states_device(model)),  # indexes the last layer's output
             **{PAGED_BATCH_KWARG: batch},
         )
     return out.logits[0].float().to(input_ids.device)

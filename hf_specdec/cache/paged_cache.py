@@ -11,7 +11,7 @@ learns them from the accepted counts it reads once per round) and on the device.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -30,6 +30,19 @@ class PagedBatch:
     slot_mapping: torch.Tensor  # (T,) int64
     positions: torch.Tensor  # (T,) int64, absolute position of every packed token
     max_query_len: int
+    _copies: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def on(self, device: torch.device) -> "PagedBatch":
+        """This metadata on ``device``, copied once per device and forward: the layers a ``device_map``
+        put on another GPU share one copy instead of each copying it again."""
+        if device == self.slot_mapping.device:
+            return self
+        moved = self._copies.get(device)
+        if moved is None:
+            moved = self._copies[device] = PagedBatch(
+                self.cache, self.block_tables.to(device), self.seq_lens.to(device), self.query_start_loc.to(device),
+                self.slot_mapping.to(device), self.positions.to(device), self.max_query_len)
+        return moved
 
 
 class PagedKVCache:

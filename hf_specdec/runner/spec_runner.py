@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 from transformers import PreTrainedModel
 
-from ..cache import PagedKVCache, blocks_for, paged_forward
+from ..cache import PagedKVCache, blocks_for, input_device, paged_forward
 from .bucket_state import MAX_EOS_IDS, BucketState, bucket_for
 from .fixed_round import RoundSpec, catch_up_draft, propose, propose_ngram, verify_and_commit
 from .graphs import StageGraph
@@ -110,7 +110,7 @@ class SpecRunner:
         for name, model in models.items():
             cache = self.caches.get(name)
             if cache is None:
-                device = model.get_input_embeddings().weight.device
+                device = input_device(model)
                 cache = self.caches[name] = PagedKVCache(pool_blocks, block_size, batch.size + 1,
                                                          key.table_width * block_size, device, hint)
             cache.reset(batch.size + 1, key.table_width * block_size, hint)
@@ -156,7 +156,7 @@ class SpecRunner:
         s.done[:n] = False
         for name, pm in self.models.items():
             tables = s.target_tables if name == "target" else s.draft_tables
-            tables[:n] = pm.cache.block_tables.index_select(0, index + 1)[:, : key.table_width]
+            tables[:n] = pm.cache.block_tables.index_select(0, (index + 1).to(pm.cache.device))[:, : key.table_width]
         self._clear_padding(s, n)
         s.max_new.fill_(batch.max_new_tokens)
         s.eos.copy_(torch.tensor((eos_ids + [-1] * MAX_EOS_IDS)[:MAX_EOS_IDS], device=device))
@@ -292,7 +292,8 @@ class SpecRunner:
         return s
 
     def _clear_padding(self, s: BucketState, live: int) -> None:
-        scratch = {name: pm.cache.block_tables[0, : self.key.table_width] for name, pm in self.models.items()}
+        scratch = {name: pm.cache.block_tables[0, : self.key.table_width].to(s.hist.device)  # a draft on another GPU
+                   for name, pm in self.models.items()}
         s.clear_padding(live, scratch["target"], scratch.get("draft", scratch["target"]))
 
     def _compiled(self, name: str, model: PreTrainedModel):
