@@ -134,6 +134,27 @@ def _skeleton(config) -> nn.Module:
     return model
 
 
+def empty_reduced_model(config, head: ReducedVocabHead) -> nn.Module:
+    """The model class of ``config`` with ``head`` as output layer and a 1-row placeholder input embedding
+    (``install_embedding`` puts the real one in); other weights as the class initialises them."""
+    model = _skeleton(config)
+    model.set_output_embeddings(head)
+    return model
+
+
+def install_embedding(model: nn.Module, weight: torch.Tensor, share: bool = True) -> None:
+    """Make ``weight`` (vocabulary x hidden) the model's input embedding: that very tensor when ``share`` and it
+    is a parameter of the model's dtype and device, else a frozen copy cast and moved to them."""
+    layer = model.get_input_embeddings()
+    ref = model.get_output_embeddings().weight
+    if share and isinstance(weight, nn.Parameter) and weight.dtype == ref.dtype and weight.device == ref.device:
+        layer.weight = weight
+    else:
+        layer.weight = nn.Parameter(weight.detach().to(device=ref.device, dtype=ref.dtype).clone(), requires_grad=False)
+    layer.num_embeddings = weight.shape[0]
+    layer.padding_idx = model.config.get_text_config().pad_token_id
+
+
 def _target_embedding(target: Optional[nn.Module], state: dict, meta: dict, path: Path) -> torch.Tensor:
     if target is None:
         raise ValueError(f"{path} was saved without its input embedding (it is the target's); pass the target: "
@@ -170,24 +191,16 @@ def load_reduced_draft(path: Union[str, Path], target: Optional[nn.Module] = Non
         dtype = embedding.dtype if target is not None else state[f"{meta['head_key']}.weight"].dtype
     if device is None:
         device = embedding.device if target is not None else "cpu"
-    model = _skeleton(config)
     prefix = meta["head_key"]
     head = ReducedVocabHead(state[f"{prefix}.weight"], state[f"{prefix}.token_ids"], vocab, meta["softcap"])
-    model.set_output_embeddings(head)
+    model = empty_reduced_model(config, head)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if k != emb_key]
     if missing or unexpected:
         raise ValueError(f"{path / WEIGHTS_FILE} does not match {meta['model_class']} built from its config.json: "
                          f"missing {missing[:5]}, unexpected {unexpected[:5]}.")
     model.to(device=device, dtype=dtype)
-    layer = model.get_input_embeddings()
-    same = embedding.dtype == dtype and embedding.device == torch.empty(0, device=device).device
-    if isinstance(embedding, nn.Parameter) and share_embedding and same:
-        layer.weight = embedding
-    else:
-        layer.weight = nn.Parameter(embedding.detach().to(device=device, dtype=dtype).clone(), requires_grad=False)
-    layer.num_embeddings = vocab
-    layer.padding_idx = config.get_text_config().pad_token_id
+    install_embedding(model, embedding, share=share_embedding)
     if (path / "generation_config.json").exists():
         model.generation_config = GenerationConfig.from_pretrained(path, local_files_only=True)
     return model.eval()
