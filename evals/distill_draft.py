@@ -29,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+EVALS = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [EVALS, os.path.dirname(EVALS)]  # these evals, and this checkout's hf_specdec over an installed one
 import distill_data as data  # noqa: E402
 import distill_eval as ev  # noqa: E402
 import distill_model as dm  # noqa: E402
@@ -40,7 +41,8 @@ def parse_args(argv=None):
     p.add_argument("--target", required=True, help="directory of the target model and tokenizer (from_pretrained)")
     p.add_argument("--out", required=True, help="output directory (OUT/draft, OUT/summary.json)")
     p.add_argument("--num-kept", type=int, default=32768, help="kept output tokens (special tokens included)")
-    p.add_argument("--layers", type=int, default=4, help="target layers the draft keeps (evenly spaced)")
+    p.add_argument("--layers", type=int, default=4, help="the draft keeps the target's first N layers")
+    p.add_argument("--layer-indices", default=None, help="which target layers, e.g. 0,1,2,17 (overrides --layers)")
     p.add_argument("--max-minutes", type=float, default=5.0, help="training wall-clock budget")
     p.add_argument("--max-steps", type=int, default=0, help="train exactly this many steps instead (0: time only)")
     p.add_argument("--lr", type=float, default=5e-4)
@@ -98,7 +100,9 @@ def build_and_train(args, target, tok, train_windows, device, autocast_dtype, lo
     info["kept"] = {"num_kept": len(kept), "special_ids": always, "count_positions": counts["positions"],
                     "target_mass_on_kept_train": share, "count_seconds": time.perf_counter() - t}
     log(f"kept {len(kept)} tokens: {share:.4f} of the target's mass on {counts['positions']} training positions")
-    layers = dm.pick_layers(target.config.get_text_config().num_hidden_layers, args.layers)
+    num_layers = target.config.get_text_config().num_hidden_layers
+    layers = (dm.parse_layers(args.layer_indices, num_layers) if args.layer_indices
+              else dm.pick_layers(num_layers, args.layers))
     draft = dm.draft_from_target(target, kept, layers)
     info["layers"] = layers
     info["init_heldout"] = None

@@ -1,7 +1,7 @@
 """Build a reduced-vocabulary draft from its target and distil it on the target's logits.
 
-The draft is the target's own architecture with a few of its layers (evenly spaced, first
-and last included, each keeping its attention type: sliding or full), the target's input
+The draft is the target's own architecture with a few of its layers (the first ones by default,
+or any chosen; each keeps its attention type: sliding or full), the target's input
 embedding (a frozen copy; saved as "the target's", so it costs the file nothing), its final
 norm, and a ``ReducedVocabHead`` starting from the target's output rows of the kept tokens.
 Training minimises KL(p_K || q) per position, where p_K is the target's next-token
@@ -22,12 +22,22 @@ from hf_specdec.reduced_vocab_io import empty_reduced_model, install_embedding
 
 
 def pick_layers(num_layers: int, n: int) -> list[int]:
-    """``n`` evenly spaced layer indices of ``num_layers``, first and last included."""
+    """The first ``n`` layers (an early exit): on Gemma 3 270M they start closest to the target (held-out
+    KL 18.7 untrained, vs 20-76 for evenly spaced or first-and-last choices of 4 layers)."""
     if not 1 <= n <= num_layers:
         raise SystemExit(f"--layers {n} must lie in [1, {num_layers}] (the target's layer count).")
-    if n == 1:
-        return [num_layers - 1]
-    return sorted({round(i * (num_layers - 1) / (n - 1)) for i in range(n)})
+    return list(range(n))
+
+
+def parse_layers(text: str, num_layers: int) -> list[int]:
+    """``"0,1,2,17"`` -> sorted distinct layer indices, each in ``[0, num_layers)``."""
+    try:
+        layers = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise SystemExit(f"--layer-indices {text!r}: give comma-separated integers, e.g. 0,1,2,{num_layers - 1}.")
+    if not layers or layers[0] < 0 or layers[-1] >= num_layers:
+        raise SystemExit(f"--layer-indices {text!r}: indices must lie in [0, {num_layers}) (the target's layers).")
+    return layers
 
 
 def draft_from_target(target, kept: torch.Tensor, layers: list[int]):

@@ -11,7 +11,7 @@ sys.path.insert(0, os.path.join(REPO, "evals"))
 
 import distill_draft  # noqa: E402
 from build_pair import train_tokenizer, wrap_tokenizer  # noqa: E402
-from distill_model import pick_layers  # noqa: E402
+from distill_model import parse_layers, pick_layers  # noqa: E402
 
 SOURCE = os.path.join(REPO, "hf_specdec")  # local text: this package's own source
 
@@ -38,12 +38,13 @@ def tiny_target_dir(path):
     return tok
 
 
-def test_pick_layers_spreads_first_to_last():
-    assert pick_layers(18, 4) == [0, 6, 11, 17]
-    assert pick_layers(18, 2) == [0, 17]
-    assert pick_layers(4, 4) == [0, 1, 2, 3]
+def test_layer_choice():
+    assert pick_layers(18, 4) == [0, 1, 2, 3]
+    assert parse_layers("17, 0,6", 18) == [0, 6, 17]
     with pytest.raises(SystemExit, match="--layers 5"):
         pick_layers(4, 5)
+    with pytest.raises(SystemExit, match=r"\[0, 18\)"):
+        parse_layers("0,18", 18)
 
 
 def test_distill_tiny_gemma_end_to_end(tmp_path):
@@ -56,7 +57,7 @@ def test_distill_tiny_gemma_end_to_end(tmp_path):
     out = tmp_path / "out"
     s = distill_draft.main([
         "--target", str(tmp_path / "target"), "--out", str(out), "--source-dir", SOURCE, "--max-bytes", "3e5", "--heldout-frac", "0.2",
-        "--num-kept", "96", "--layers", "2", "--seq-len", "64", "--batch-size", "4", "--max-steps", "12",
+        "--num-kept", "96", "--layer-indices", "0,3", "--seq-len", "64", "--batch-size", "4", "--max-steps", "12",
         "--lr", "3e-3", "--warmup-steps", "2", "--count-windows", "16", "--heldout-windows", "2",
         "--eval-prompts", "3", "--eval-prompt-tokens", "24", "--eval-new-tokens", "8", "--eval-batch", "3",
         "--k", "3", "--cost-batches", "1,2", "--cost-context", "16", "--device", "cpu"])
@@ -76,3 +77,24 @@ def test_distill_tiny_gemma_end_to_end(tmp_path):
     c = e["cost"]
     assert c["bytes_per_step"]["draft"] < c["bytes_per_step"]["target"]
     assert c["batch1"]["draft"] > 0 and c["batch2"]["target"] > 0
+
+
+def test_draft_with_every_layer_is_the_target_on_the_kept_tokens(tmp_path):
+    """The layer copy, embedding, norm and head rows are the target's: with all layers kept, the draft's logits
+    equal the target's at the kept ids (and the fill elsewhere)."""
+    from transformers import AutoModelForCausalLM
+
+    from distill_model import draft_from_target
+    from hf_specdec.reduced_vocab import fill_value
+
+    tiny_target_dir(tmp_path / "target")
+    target = AutoModelForCausalLM.from_pretrained(tmp_path / "target").eval()
+    kept = torch.arange(0, target.config.vocab_size, 3)
+    ids = torch.randint(3, target.config.vocab_size, (2, 40))
+    with torch.no_grad():
+        want = target(ids).logits
+        full = draft_from_target(target, kept, [0, 1, 2, 3]).eval()(ids).logits
+        part = draft_from_target(target, kept, [0, 3]).eval()(ids).logits
+    torch.testing.assert_close(full[..., kept], want[..., kept], rtol=1e-5, atol=1e-5)
+    assert bool((full[..., 1::3] == fill_value(full.dtype)).all())
+    assert not torch.allclose(part[..., kept], want[..., kept], atol=1e-3)  # two layers are not four
