@@ -179,10 +179,21 @@ def summary_lines(s: dict) -> list[str]:
                 text = f"ms per step at {key}: eager draft {row['draft']:.3f} / target {row['target']:.3f} " \
                        f"({row['draft'] / row['target']:.3f})"
                 if "runner_draft_step" in row:
-                    text += f"; runner graphs draft {row['runner_draft_step']:.3f} / target " \
-                            f"{row['runner_target_step']:.3f} ({row['runner_draft_step'] / row['runner_target_step']:.3f})"
+                    d, t = row["runner_draft_step"], row["runner_target_step"]
+                    text += f"; runner graphs draft {d:.3f} / target {t:.3f} ({d / t:.3f})"
                 lines.append(text + (f"; runner error {row['runner_error']}" if "runner_error" in row else ""))
+                if "runner_stages" in row:
+                    lines.append(f"  ideal speedup over plain runner decoding at {key}: " + ", ".join(
+                        f"{mode} {ideal_speedup(e[mode]['acceptance_rate'], e[mode]['k'], row['runner_stages']):.2f}x"
+                        for mode in ("greedy", "sample")))
     return lines
+
+
+def ideal_speedup(alpha: float, k: int, stages: dict) -> float:
+    """E * target_step / (propose + verify_and_commit), E = (1 - alpha^(k+1)) / (1 - alpha): docs/evals.md's
+    ``ideal`` (a round costing exactly its measured pieces; plain decoding one target step per token)."""
+    expected = k + 1 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    return expected * stages["target_step"] / stages["round"]
 
 
 def main(argv=None) -> dict:

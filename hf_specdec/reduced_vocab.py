@@ -87,7 +87,8 @@ class ReducedVocabHead(nn.Module):
         return full.index_copy(-1, self.token_ids, kept)
 
     def extra_repr(self) -> str:
-        return f"kept={self.num_kept}, vocab_size={self.vocab_size}, hidden={self.weight.shape[1]}, softcap={self.softcap}"
+        return (f"kept={self.num_kept}, vocab_size={self.vocab_size}, hidden={self.weight.shape[1]}, "
+                f"softcap={self.softcap}")
 
 
 def reduced_head(model: nn.Module) -> Optional[ReducedVocabHead]:

@@ -54,19 +54,25 @@ def _probe(weight: torch.Tensor) -> torch.Tensor:
     return weight.detach().index_select(0, _probe_rows(weight.shape[0]).to(weight.device)).float().cpu()
 
 
-def _same_embedding(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal up to a cast to bf16 (the target may be loaded in another dtype than at save time)."""
-    if a.shape != b.shape:
+def _same_embedding(draft_weight: torch.Tensor, target_weight: torch.Tensor) -> bool:
+    """The draft's embedding is the target's, exactly once cast to the target's dtype (a frozen copy)."""
+    if draft_weight.shape != target_weight.shape:
         return False
-    pa, pb = _probe(a), _probe(b)
-    scale = float(pb.abs().max().clamp(min=1e-6))
-    return bool(torch.allclose(pa, pb, rtol=1e-2, atol=1e-2 * scale))
+    return torch.equal(draft_weight.detach().to(device=target_weight.device, dtype=target_weight.dtype),
+                       target_weight.detach())
+
+
+def _matches_probe(weight: torch.Tensor, probe: torch.Tensor) -> bool:
+    """Probe rows equal up to a cast to bf16 (the target may be loaded in another dtype than at save time)."""
+    scale = float(probe.abs().max().clamp(min=1e-6))
+    return bool(torch.allclose(_probe(weight), probe, rtol=1e-2, atol=1e-2 * scale))
 
 
 def save_reduced_draft(draft: nn.Module, path: Union[str, Path], target: Optional[nn.Module] = None,
                        tokenizer=None, dtype: Optional[torch.dtype] = None) -> Path:
     """Write ``draft`` (built with ``reduce_vocab``) to ``path``. With ``target`` whose input embedding
-    equals the draft's, the embedding is not stored (``load_reduced_draft`` then needs that target).
+    equals the draft's exactly (up to the target's dtype), the embedding is not stored
+    (``load_reduced_draft`` then needs that target).
     ``dtype``: cast floating weights for the file (e.g. ``torch.bfloat16``); default as they are."""
     head = reduced_head(draft)
     if head is None:
@@ -92,7 +98,8 @@ def save_reduced_draft(draft: nn.Module, path: Union[str, Path], target: Optiona
     if getattr(draft, "generation_config", None) is not None:
         draft.generation_config.save_pretrained(path)
     meta = {"format": FORMAT, "vocab_size": head.vocab_size, "num_kept": head.num_kept, "softcap": head.softcap,
-            "head_key": _module_name(draft, head), "embedding_key": emb_key, "embedding": "target" if from_target else "stored",
+            "head_key": _module_name(draft, head), "embedding_key": emb_key,
+            "embedding": "target" if from_target else "stored",
             "model_class": type(draft).__name__}
     (path / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     if tokenizer is not None:
@@ -161,8 +168,7 @@ def _target_embedding(target: Optional[nn.Module], state: dict, meta: dict, path
                          "load_reduced_draft(path, target=target).")
     weight = target.get_input_embeddings().weight
     probe = state.pop(PROBE_KEY)
-    if weight.shape[0] != meta["vocab_size"] or not torch.allclose(
-            _probe(weight), probe, rtol=1e-2, atol=1e-2 * float(probe.abs().max().clamp(min=1e-6))):
+    if weight.shape[0] != meta["vocab_size"] or not _matches_probe(weight, probe):
         raise ValueError(f"the target's input embedding (shape {tuple(weight.shape)}) is not the one the draft at "
                          f"{path} was saved with (vocabulary {meta['vocab_size']}); pass the target it was built from.")
     return weight

@@ -56,7 +56,8 @@ def test_distill_tiny_gemma_end_to_end(tmp_path):
     tok = tiny_target_dir(tmp_path / "target")
     out = tmp_path / "out"
     s = distill_draft.main([
-        "--target", str(tmp_path / "target"), "--out", str(out), "--source-dir", SOURCE, "--max-bytes", "3e5", "--heldout-frac", "0.2",
+        "--target", str(tmp_path / "target"), "--out", str(out), "--source-dir", SOURCE,
+        "--max-bytes", "3e5", "--heldout-frac", "0.2",
         "--num-kept", "96", "--layer-indices", "0,3", "--seq-len", "64", "--batch-size", "4", "--max-steps", "12",
         "--lr", "3e-3", "--warmup-steps", "2", "--count-windows", "16", "--heldout-windows", "2",
         "--eval-prompts", "3", "--eval-prompt-tokens", "24", "--eval-new-tokens", "8", "--eval-batch", "3",
@@ -73,7 +74,8 @@ def test_distill_tiny_gemma_end_to_end(tmp_path):
     for mode in ("greedy", "sample"):
         assert e[mode]["draft_tokens"] > 0 and 0.0 <= e[mode]["acceptance_rate"] <= 1.0
     h = e["heldout"]
-    assert 0.0 < h["target_mass_on_kept"] < 1.0 and 0.0 <= h["expected_sampled_acceptance"] <= h["target_mass_on_kept"] + 1e-6
+    assert 0.0 < h["target_mass_on_kept"] < 1.0
+    assert 0.0 <= h["expected_sampled_acceptance"] <= h["target_mass_on_kept"] + 1e-6
     c = e["cost"]
     assert c["bytes_per_step"]["draft"] < c["bytes_per_step"]["target"]
     assert c["batch1"]["draft"] > 0 and c["batch2"]["target"] > 0
@@ -98,3 +100,18 @@ def test_draft_with_every_layer_is_the_target_on_the_kept_tokens(tmp_path):
     torch.testing.assert_close(full[..., kept], want[..., kept], rtol=1e-5, atol=1e-5)
     assert bool((full[..., 1::3] == fill_value(full.dtype)).all())
     assert not torch.allclose(part[..., kept], want[..., kept], atol=1e-3)  # two layers are not four
+
+
+def test_summary_prints_runner_figures_and_ideal_speedup():
+    """The GPU-only lines (runner stage costs, ideal speedup) format without a GPU."""
+    stages = {"target_step": 1.0, "draft_step": 0.2, "round": 2.0}
+    mode = {"k": 4, "rows": 8, "acceptance_rate": 0.5, "mean_acceptance_length": 2.0, "fast_path": "graphs"}
+    s = {"device": "GPU", "target": "t", "target_layers": 18, "num_kept": 32768, "vocab_size": 262144,
+         "layers": [0, 1, 2, 3],
+         "eval": {"heldout": {"greedy_agreement": 0.5}, "greedy": dict(mode, identical_rows=8), "sample": mode,
+                  "cost": {"bytes_per_step": {"draft": 1, "target": 4},
+                           "batch1": {"draft": 0.5, "target": 2.0, "runner_draft_step": 0.2,
+                                      "runner_target_step": 1.0, "runner_stages": stages}}}}
+    text = "\n".join(distill_draft.summary_lines(s))
+    assert "runner graphs draft 0.200 / target 1.000 (0.200)" in text
+    assert "greedy 0.97x" in text  # E = 1.9375 for alpha 0.5, k 4; 1.9375 * 1 / 2
