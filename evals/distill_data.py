@@ -12,7 +12,6 @@ each token in the target's sampled output), special tokens always kept.
 from __future__ import annotations
 
 import os
-import random
 import site
 import sys
 
@@ -65,9 +64,9 @@ def target_token_mass(target, windows: torch.Tensor, batch_size: int, device, au
         ids = windows[start:start + batch_size].to(device)
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
             logits = target(input_ids=ids).logits
-        probs = torch.softmax(logits.float(), -1).view(-1, logits.shape[-1])
-        mass[: probs.shape[1]] += probs.sum(0).double()
-        top += torch.bincount(probs.argmax(-1), minlength=vocab)[:vocab].double()
+        probs = torch.softmax(logits.float(), -1).view(-1, logits.shape[-1])[:, :vocab]  # padding rows dropped
+        mass += probs.sum(0).double()
+        top += torch.bincount(probs.argmax(-1), minlength=vocab).double()
     return {"mass": mass.cpu(), "argmax": top.cpu(), "positions": int(windows.numel())}
 
 
@@ -83,10 +82,8 @@ def choose_kept(mass: torch.Tensor, num_kept: int, always: list[int]) -> torch.T
 
 def eval_prompts(tok, heldout, n: int, max_tokens: int, seed: int) -> list[str]:
     """``n`` held-out source windows as prompt texts, each cut to at most ``max_tokens`` tokens."""
-    windows = heldout_prompt_windows(heldout, n, seed)
-    random.Random(seed).shuffle(windows)
     prompts = []
-    for w in windows[:n]:
+    for w in heldout_prompt_windows(heldout, n, seed):
         ids = tok(w["prompt"], add_special_tokens=False).input_ids[:max_tokens]
         prompts.append(tok.decode(ids))
     return prompts
