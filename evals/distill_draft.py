@@ -50,7 +50,7 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=16, help="windows per training step")
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--source-dir", action="append", default=None, help="repeatable; default: site-packages")
-    p.add_argument("--max-bytes", type=float, default=40e6, help="train text bytes read")
+    p.add_argument("--max-bytes", type=float, default=20e6, help="train text bytes read")
     p.add_argument("--heldout-frac", type=float, default=0.03)
     p.add_argument("--heldout-max-bytes", type=float, default=3e6)
     p.add_argument("--count-windows", type=int, default=512, help="training windows the token counts come from")
