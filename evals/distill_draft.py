@@ -44,6 +44,9 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=int, default=4, help="the draft keeps the target's first N layers")
     p.add_argument("--layer-indices", default=None, help="which target layers, e.g. 0,1,2,17 (overrides --layers)")
     p.add_argument("--max-minutes", type=float, default=5.0, help="training wall-clock budget")
+    p.add_argument("--total-minutes", type=float, default=None,
+                   help="whole-run budget: training is cut short to leave --eval-reserve-s for evaluation")
+    p.add_argument("--eval-reserve-s", type=float, default=150.0)
     p.add_argument("--max-steps", type=int, default=0, help="train exactly this many steps instead (0: time only)")
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--warmup-steps", type=int, default=50)
@@ -110,6 +113,11 @@ def build_and_train(args, target, tok, train_windows, device, autocast_dtype, lo
         info["init_heldout"] = ev.token_metrics(target, draft, args.heldout, kept, args.count_batch, device,
                                                 autocast_dtype)
         log(f"before training: {fmt(info['init_heldout'])}")
+    args.train_seconds = args.max_minutes * 60.0
+    if args.total_minutes is not None:
+        left = args.total_minutes * 60.0 - (time.perf_counter() - args.start) - args.eval_reserve_s
+        args.train_seconds = max(10.0, min(args.train_seconds, left))
+    log(f"training for {args.train_seconds:.0f}s" if not args.max_steps else f"training {args.max_steps} steps")
     info["train"] = dm.train(draft, target, kept, train_windows, args, device, autocast_dtype, log)
     log(f"trained {info['train']['steps']} steps in {info['train']['seconds']:.0f}s, loss "
         f"{info['train']['first_loss']} -> {info['train']['last_loss']}")
@@ -198,7 +206,7 @@ def ideal_speedup(alpha: float, k: int, stages: dict) -> float:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    start = time.perf_counter()
+    start = args.start = time.perf_counter()
 
     def log(msg):
         print(f"[distill {time.perf_counter() - start:6.1f}s] {msg}", flush=True)
@@ -218,7 +226,7 @@ def main(argv=None) -> dict:
     log(f"device {device}; {len(train_texts)} train / {len(heldout_texts)} held-out files")
     s = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "target": args.target,
          "target_layers": cfg.num_hidden_layers, "vocab_size": cfg.vocab_size, "num_kept": args.num_kept,
-         "args": {k: v for k, v in vars(args).items() if k != "heldout"}}
+         "args": {k: v for k, v in vars(args).items() if k not in ("heldout", "start")}}
     if args.eval_only:
         from hf_specdec.reduced_vocab_io import load_reduced_draft
 

@@ -114,7 +114,7 @@ def lr_at(progress: float, step: int, peak: float, warmup: int, min_ratio: float
 
 def train(draft, target, kept: torch.Tensor, windows: torch.Tensor, args, device, autocast_dtype,
           log: Callable[[str], None]) -> dict:
-    """Distil until ``args.max_minutes`` (or ``args.max_steps``); returns step count, losses and seconds."""
+    """Distil for ``args.train_seconds`` (or ``args.max_steps``); returns step count, losses and seconds."""
     t_head = teacher_head(target, kept)
     head = draft.get_output_embeddings()
     params = [p for p in draft.parameters() if p.requires_grad]
@@ -123,7 +123,7 @@ def train(draft, target, kept: torch.Tensor, windows: torch.Tensor, args, device
     gen = torch.Generator().manual_seed(args.seed)
     draft.train()
     start = time.perf_counter()
-    budget = args.max_minutes * 60.0
+    budget = args.train_seconds
     step, losses, last_log = 0, [], start
     while True:
         elapsed = time.perf_counter() - start
