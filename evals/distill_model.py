@@ -55,13 +55,9 @@ def draft_from_target(target, kept: torch.Tensor, layers: list[int]):
                             text.vocab_size, softcap)
     draft = empty_reduced_model(cfg, head).float()
     source = target.state_dict()
-    state = {}
-    for name in draft.state_dict():
-        if name.startswith(_head_prefix(draft)):
-            continue
-        state[name] = source[_target_name(name, layers)].float()
     emb_key = next(n for n, p in draft.named_parameters() if p is draft.get_input_embeddings().weight)
-    state.pop(emb_key)
+    state = {name: source[_target_name(name, layers)].float() for name in draft.state_dict()
+             if name != emb_key and not name.startswith(_head_prefix(draft))}
     missing, unexpected = draft.load_state_dict(state, strict=False)
     missing = [k for k in missing if k != emb_key and not k.startswith(_head_prefix(draft))]
     if missing or unexpected:
