@@ -11,6 +11,9 @@ from .config import SpecConfig
 from .enable import enable
 from .generate import SpecDecodeOutput, speculative_generate
 from .metrics import SpecMetrics
+from .reduced_vocab import reduce_vocab
+from .reduced_vocab_io import load_reduced_draft, save_reduced_draft
 
-__all__ = ["CacheBudgetError", "SpecConfig", "SpecDecodeOutput", "SpecMetrics", "enable", "speculative_generate"]
+__all__ = ["CacheBudgetError", "SpecConfig", "SpecDecodeOutput", "SpecMetrics", "enable", "load_reduced_draft",
+           "reduce_vocab", "save_reduced_draft", "speculative_generate"]
 __version__ = "0.1.0"
