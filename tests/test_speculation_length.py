@@ -138,3 +138,27 @@ def test_long_runs_of_zero_catch_up_in_chunks(monkeypatch):
                           spec_config=hf_specdec.SpecConfig(num_speculative_tokens=2, bucketed=True, adaptive=True))
     assert torch.equal(out.sequences, target.generate(**kw))
     assert out.spec_metrics.k_histogram[0] == 37 and out.spec_metrics.acceptance_rate == 1.0
+
+
+def test_a_dip_is_retried_but_a_useless_draft_is_not():
+    def zero_rounds_until_drafting(policy):
+        for i in range(15):  # fewer than the first probe's 16: only the drift toward the prior can end it
+            if policy.choose(1, [0], [100]):
+                return i
+            policy.observe(1, 0, None, [(0, 0, 0)])
+        return None
+
+    costs = {0: 1.0, 1: 1.9, 2: 2.1, 3: 2.3, 4: 2.4}
+    good = SpeculationLength(4, True, "draft")
+    measured(good, 1, costs)
+    for _ in range(20):
+        good.observe(1, 4, None, [(0, 4, 4), (1, 4, 4)])  # this call's drafts mostly accepted
+    for _ in range(30):
+        good.observe(1, 4, None, [(0, 0, 4)])  # hard text: row 0's drafts fail for a while
+    assert good.choose(1, [0], [100]) == 0
+    assert zero_rounds_until_drafting(good) is not None
+    useless = SpeculationLength(4, True, "draft")
+    measured(useless, 1, costs)
+    for _ in range(6):
+        useless.observe(1, 4, None, [(0, 0, 4)])
+    assert zero_rounds_until_drafting(useless) is None

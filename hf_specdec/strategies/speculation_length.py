@@ -14,8 +14,10 @@ token a round gives it (measured on an H100: maximising the batch's summed token
 instead picked long rounds that the fastest rows enjoyed while the slowest set the pace).
 
 * ``a`` and ``m`` per row: decayed counts of accepted / rejected drafts (a run that stops
-  before the row's count is one rejection), started from a prior (the acceptance the
-  runner saw in earlier calls, else 0.5).
+  before the row's count is one rejection) over a prior: this call's acceptance over all
+  rows, or before that the acceptance of earlier calls (else 0.5). Rounds of k = 0 say
+  nothing about the draft, so during them the counts decay faster toward the prior: a row
+  whose draft dipped on hard text is retried, while a useless draft (prior near 0) is not.
 * ``c(B, k)``: the wall time of rounds of that bucket and k on this machine (graph
   replays: stable), kept across calls by the caller. Until ``k_max`` and ``0`` are both
   measured for a bucket, the policy tries them; other k are interpolated linearly from
@@ -32,6 +34,7 @@ from typing import Optional
 
 _DECAY = 0.97  # weight of older rounds in a row's acceptance counts (a short memory chases noise)
 _PRIOR_WEIGHT = 4.0  # pseudo-rounds of the prior
+_IDLE_DECAY = 0.9  # per round of k = 0: estimates drift back to the prior (an H100 run stuck at 0 after dips)
 _COST_EMA = 0.3  # weight of the newest measurement of a round's cost
 _FIRST_PROBE = 16
 _MAX_PROBE = 256
@@ -45,7 +48,8 @@ class SpeculationLength:
         self.memory = memory if memory is not None else {}
         self.costs = self.memory.setdefault("costs", {})  # (bucket, k) -> seconds
         prior = self.memory.get("acceptance")
-        self.prior = 0.5 if prior is None else min(max(prior, 0.02), 0.98)
+        self.call_prior = 0.5 if prior is None else prior
+        self.seen = [0.0, 0.0]  # this call's accepted drafts and rejections over all rows (not decayed)
         self.rows: dict[int, list[float]] = {}  # row -> [accepted, rejected, matched, unmatched] (decayed)
         self.histogram: Counter = Counter()
         self.memory.setdefault("zero_streak", 0)
@@ -89,6 +93,13 @@ class SpeculationLength:
                 worst[k] = max(worst[k], left / min(1.0 + m * run, left))
         return worst
 
+    @property
+    def prior(self) -> float:
+        """This call's acceptance so far once it has seen a few drafts, else the previous calls'."""
+        acc, rej = self.seen
+        p = acc / (acc + rej) if acc + rej >= 4 else self.call_prior
+        return min(max(p, 0.02), 0.98)
+
     def acceptance(self, row: int) -> float:
         acc, rej, *_ = self.rows.get(row, (0.0, 0.0, 0.0, 0.0))
         return (acc + _PRIOR_WEIGHT * self.prior) / (acc + rej + _PRIOR_WEIGHT)
@@ -117,19 +128,23 @@ class SpeculationLength:
         if seconds is not None:
             old = self.costs.get((bucket, k))
             self.costs[(bucket, k)] = seconds if old is None else (1 - _COST_EMA) * old + _COST_EMA * seconds
-        if k == 0:
+        if k == 0:  # no verdicts: each row's estimate relaxes toward the prior, so a dip is retried
+            for row, *_ in verdicts:
+                if row in self.rows:
+                    self.rows[row] = [x * _IDLE_DECAY for x in self.rows[row]]
             return
         for row, accepted, count in verdicts:
             acc, rej, hit, miss = (x * _DECAY for x in self.rows.get(row, (0.0, 0.0, 0.0, 0.0)))
             if count > 0:
                 acc, rej, hit = acc + accepted, rej + (accepted < count), hit + 1
+                self.seen[0] += accepted
+                self.seen[1] += accepted < count
             else:
                 miss += 1
             self.rows[row] = [acc, rej, hit, miss]
 
     def end_call(self) -> None:
         """The acceptance seen in this call becomes the next call's prior (unchanged if nothing was drafted)."""
-        acc = sum(v[0] for v in self.rows.values())
-        rej = sum(v[1] for v in self.rows.values())
+        acc, rej = self.seen
         if acc + rej:
             self.memory["acceptance"] = acc / (acc + rej)
