@@ -17,23 +17,20 @@ from typing import Optional
 import torch
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 
+from .admission import Admission
 from .batch_state import SequenceBatch
 from .commit import Committer
+from .fast_rows import FastRows
 from .logits import LogitsPipeline
 from .metrics import SpecMetrics, StageTimer
 from .runner import RoundSpec, SpecRunner, bucket_for
-from .sampling import choose_tokens
 
 
 def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: LogitsPipeline,
-             committer: Committer, eos_ids: list[int], metrics: SpecMetrics, timer: StageTimer) -> None:
-    rows = batch.active_rows()
-    with timer("prefill_seconds"):
-        raw = runner.prefill(rows)
-        scores = logits(raw, batch.tokens, *batch.history_lens(rows, 1))
-        first, _ = choose_tokens(scores, spec.do_sample, spec.generator)
-    committer.commit(batch, rows, [[t] for t in first.tolist()], scores, raw, 1)
-    rows = batch.active_rows()
+             committer: Committer, eos_ids: list[int], metrics: SpecMetrics, timer: StageTimer,
+             admission: Admission) -> None:
+    waves = FastRows(runner, batch, admission, spec, logits, committer, timer)
+    rows = waves.start()  # prefill and first token of every row the cache budget holds
     if not rows:
         return
     runner.load(rows, eos_ids)
@@ -54,9 +51,14 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
             if i < len(rows) and rows[i] is not None:
                 if done:
                     runner.store(i, rows[i], gen)
+                    waves.finish([rows[i]])
                     rows[i] = None
                 else:
                     live.append(i)
+        joined = waves.join(rows, live, host, eos_ids)  # waiting rows start in the blocks freed
+        if joined is not None:
+            rows = joined
+            continue
         if not live:
             break
         if bucket_for(len(live)) < runner.state.size:

@@ -23,16 +23,17 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from .admission import Admission
 from .batch_state import SequenceBatch
 from .cache import paged_attention_enabled
 from .commit import Committer
 from .config import SpecConfig
+from .eager_rows import EagerRows
 from .fast_generate import round_spec, run_fast
 from .logits import LogitsPipeline
 from .metrics import SpecMetrics, StageTimer
 from .path_choice import choose_path
 from .runner import runner_for
-from .sampling import choose_tokens
 from .setup import build_caches, cache_budget, check_request
 from .strategies.draft_model import DraftModelProposer
 from .strategies.target_scorer import TargetScorer
@@ -79,11 +80,12 @@ def speculative_generate(
         spec = round_spec(k, do_sample, spec_config.acceptance, path.logits, gen, spec_config.posterior_threshold,
                           spec_config.posterior_alpha)
         blocks, hint = cache_budget(model, draft_model if k else None, batch, spec_config, runner.pool_bytes())
+        admission = Admission(batch, spec_config.block_size, blocks, hint)  # a row too large fails here
         runner.begin(batch, spec, path.logits.signature, request.vocab_size, path.graphs, path.compile,
                      spec_config.block_size, blocks, hint)
         models = (model,) if k == 0 else (model, draft_model)
         with paged_attention_enabled(*models):
-            run_fast(runner, batch, spec, logits, committer, request.eos_token_ids, metrics, timer)
+            run_fast(runner, batch, spec, logits, committer, request.eos_token_ids, metrics, timer, admission)
         metrics.warmup_seconds = runner.warmup_seconds
         return _finish(batch, request, generation_config, committer, metrics, start)
 
@@ -92,16 +94,11 @@ def speculative_generate(
     proposer = DraftModelProposer(draft_model, draft_cache, logits, k, request.vocab_size, do_sample, gen)
     verifier = Verifier(spec_config.acceptance, do_sample, k, gen, spec_config.posterior_threshold,
                         spec_config.posterior_alpha)
+    admission = Admission(batch, spec_config.block_size, target_cache.num_blocks, target_cache.allocator.budget_hint)
+    running = EagerRows(admission, batch, scorer, proposer, logits, committer, timer, request.vocab_size,
+                        do_sample, gen)
     with paged_attention_enabled(model, draft_model):
-        rows = batch.active_rows()
-        with timer("prefill_seconds"):
-            raw = scorer.prefill(batch, rows)[:, : request.vocab_size]
-            scores = logits(raw, batch.tokens, *batch.history_lens(rows, 1))
-            first, _ = choose_tokens(scores, do_sample, gen)
-        proposer.add_rows(rows)
-        release(committer.commit(batch, rows, [[t] for t in first.tolist()], scores, raw, 1), scorer, proposer)
-
-        while rows := batch.active_rows():
+        while rows := running.next():  # waiting rows start as finished rows free their blocks
             with timer("propose_seconds"):
                 proposal = proposer.get_candidates(batch, rows)
             with timer("score_seconds"):
@@ -115,7 +112,7 @@ def speculative_generate(
             metrics.record_round(accepted, k)
             proposer.update_candidate_strategy(batch, rows, accepted)
             scorer.update_after_verify(batch, rows, accepted)
-            release(committer.commit(batch, rows, runs, scores, raw, k + 1), scorer, proposer)
+            running.release(committer.commit(batch, rows, runs, scores, raw, k + 1))
     return _finish(batch, request, generation_config, committer, metrics, start)
 
 
@@ -134,9 +131,3 @@ def _finish(batch: SequenceBatch, request, generation_config, committer: Committ
         logits=committer.per_step(committer.logits, B, V, batch.device) if generation_config.output_logits else None,
         spec_metrics=metrics,
     )
-
-
-def release(rows: list[int], scorer: TargetScorer, proposer: DraftModelProposer) -> None:
-    if rows:
-        scorer.release(rows)
-        proposer.release(rows)

@@ -106,8 +106,7 @@ class SpecRunner:
             cache.reset(batch.size + 1, key.table_width * block_size, hint)
             cache.add_sequences(1)  # row 0: the scratch sequence of padding rows
             cache.reserve([0], [scratch_tokens])
-            rows = cache.add_sequences(batch.size)
-            cache.reserve(rows, budgets)
+            cache.add_sequences(batch.size)  # blocks as each row starts: row_blocks.reserve_rows
         self.models = {name: PagedModel(model, self.caches[name], vocab, self._compiled(name, model))
                        for name, model in models.items()}
         prepare = getattr(spec.logits, "prepare", None)
