@@ -24,6 +24,7 @@ from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .admission import Admission
+from .arguments import as_spec_config
 from .batch_state import SequenceBatch
 from .cache import paged_attention_enabled
 from .commit import Committer
@@ -58,7 +59,7 @@ def speculative_generate(
     spec_streamer=None,
     **model_kwargs,
 ):
-    spec_config = spec_config if spec_config is not None else SpecConfig()
+    spec_config = as_spec_config(spec_config)  # a dict of SpecConfig's fields is accepted too
     generation_config = generation_config if generation_config is not None else model.generation_config
     request = check_request(model, draft_model, input_ids, generation_config, spec_config, model_kwargs, spec_streamer)
     k, do_sample, gen = spec_config.num_speculative_tokens, request.do_sample, spec_config.generator
