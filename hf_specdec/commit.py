@@ -88,7 +88,8 @@ class Committer:
                 at += 1
 
     def per_step(self, kept: dict[int, list[torch.Tensor]], batch_size: int, vocab: int, device) -> tuple:
-        """Hugging Face's layout: one ``(B, V)`` tensor per generated token; rows already finished are 0."""
+        """Hugging Face's layout: one ``(B, V)`` tensor per generated token (a row that finished early has its
+        padding steps from ``padding_steps.py``; without them those entries are 0)."""
         steps = max((len(v) for v in kept.values()), default=0)
         out = []
         for t in range(steps):

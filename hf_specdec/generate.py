@@ -33,6 +33,7 @@ from .eager_rows import EagerRows
 from .fast_generate import round_spec, run_fast
 from .logits import LogitsPipeline
 from .metrics import SpecMetrics, StageTimer
+from .padding_steps import add_padding_steps
 from .path_choice import choose_path
 from .runner import runner_for
 from .setup import build_caches, cache_budget, check_request
@@ -114,6 +115,7 @@ def speculative_generate(
             proposer.update_candidate_strategy(batch, rows, accepted)
             scorer.update_after_verify(batch, rows, accepted)
             running.release(committer.commit(batch, rows, runs, scores, raw, k + 1))
+    add_padding_steps(model, batch, committer, logits, request.pad_token_id, request.vocab_size)  # output_scores
     return _finish(batch, request, generation_config, committer, metrics, start)
 
 
