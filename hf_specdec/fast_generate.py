@@ -11,7 +11,6 @@
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Optional
 
 import torch
@@ -21,6 +20,7 @@ from .admission import Admission
 from .batch_state import SequenceBatch
 from .commit import Committer
 from .fast_rows import FastRows
+from .history_groups import stop_hits
 from .logits import LogitsPipeline
 from .metrics import SpecMetrics, StageTimer
 from .runner import RoundSpec, SpecRunner, bucket_for
@@ -76,15 +76,11 @@ def host_criteria(runner: SpecRunner, criteria: StoppingCriteriaList, prompt_wid
     k1 = s.scores.shape[0] // s.size
     cuts: dict[int, int] = {}
     for j in range(max((h[2] for h in host), default=0)):
-        groups: dict[int, list[int]] = defaultdict(list)
-        for i, (done, gen, keep) in enumerate(host):
-            if j < keep and i not in cuts:
-                groups[prompt_width + gen - keep + j + 1].append(i)
-        for length, members in groups.items():
-            index = torch.tensor(members, device=s.hist.device)
-            scores = s.scores[index * k1 + j]
-            hit = criteria(s.hist.index_select(0, index)[:, :length], scores).tolist()
-            cuts.update({i: j + 1 for i, h in zip(members, hit) if h})
+        live = [i for i, (done, gen, keep) in enumerate(host) if j < keep and i not in cuts]
+        scores = s.scores[torch.tensor(live, dtype=torch.long, device=s.hist.device) * k1 + j]
+        lengths = [prompt_width + host[i][1] - host[i][2] + j + 1 for i in live]
+        hits = stop_hits(criteria, s.hist, live, lengths, scores)
+        cuts.update({i: j + 1 for i, h in zip(live, hits) if h})
     return cuts
 
 
