@@ -41,8 +41,8 @@ def resolution(value: float, dtype: torch.dtype) -> float:
 def token_gap(logits: torch.Tensor, a: Optional[int], b: Optional[int]) -> dict:
     """Top-2 margin of ``logits`` ``(V,)`` and the gap between tokens a and b (None where a token is missing)."""
     top = torch.topk(logits.float(), 2)
-    out = {"argmax": int(top.indices[0]), "top2": [int(i) for i in top.indices], "margin": float(top.values[0] -
-                                                                                                   top.values[1])}
+    out = {"argmax": int(top.indices[0]), "top2": [int(i) for i in top.indices],
+           "margin": float(top.values[0] - top.values[1])}
     if a is not None and b is not None:
         out["gap"] = float(logits[a].float() - logits[b].float())
         out["magnitude"] = float(max(abs(logits[a].float()), abs(logits[b].float())))
@@ -99,7 +99,8 @@ def analyse_row(target, draft, prompt: torch.Tensor, plain: list[int], other: li
 
 
 def analyse(target, draft, ids: torch.Tensor, mask: torch.Tensor, plain_rows: list[list[int]],
-            other_rows: list[list[int]], dtype: torch.dtype, tie_ulps: float = 1.0, cache: Optional[dict] = None) -> dict:
+            other_rows: list[list[int]], dtype: torch.dtype, tie_ulps: float = 1.0,
+            cache: Optional[dict] = None) -> dict:
     """Every divergent row of one run against plain greedy (row i: prompt ``ids[i]`` with ``mask[i]``)."""
     rows = []
     for i, (plain, other) in enumerate(zip(plain_rows, other_rows)):
