@@ -51,6 +51,20 @@ def test_batch_of_8_in_a_budget_of_2_rows_equals_plain_generate(target, bucketed
 
 
 @pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
+def test_sampled_waves_reproduce_with_a_fixed_generator(target, bucketed):
+    ids, mask = left_padded_prompts(8, seed=33)
+    draft = make_draft(target, "mix")
+    outs = []
+    for _ in range(2):
+        spec = hf_specdec.SpecConfig(num_speculative_tokens=K, block_size=BLOCK, cache_tokens=two_rows_budget(mask),
+                                     bucketed=bucketed, generator=torch.Generator().manual_seed(7))
+        outs.append(target.generate(input_ids=ids, attention_mask=mask, do_sample=True, top_k=0, max_new_tokens=NEW,
+                                    assistant_model=draft, spec_config=spec, pad_token_id=0, eos_token_id=None))
+    assert torch.equal(outs[0], outs[1])
+    assert outs[0].shape == (8, ids.shape[1] + NEW)
+
+
+@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
 def test_row_larger_than_the_budget_fails_before_decoding(target, bucketed):
     ids, mask = left_padded_prompts(3, seed=32)  # row 0: an 11-token prompt, needs 11 + 16 + 4 = 31 tokens
     forwards = []

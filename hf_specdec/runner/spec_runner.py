@@ -5,11 +5,11 @@ next one: both models' paged caches (their pools' addresses are baked into the g
 one ``BucketState`` per batch bucket, the captured graphs and the compiled models. A
 call that changes nothing that shapes a graph (``RunnerKey``) captures nothing.
 
-Per call: ``begin`` reserves every sequence's whole budget (prompt + max_new_tokens +
-k + 1) in both caches, so a round never touches the allocator or a block table;
-``prefill`` runs the prompts eagerly; ``load`` moves the live rows into the smallest
-bucket holding them; then ``round`` / ``sync`` until no row is live; ``store`` writes
-the rows back into the call's ``SequenceBatch``.
+Per call: ``begin`` sizes the caches; each row gets its whole budget (prompt +
+max_new_tokens + k + 1) in both caches when it starts (``row_blocks.py``), so a round never
+touches the allocator or a block table; ``prefill`` runs the prompts eagerly; ``load``
+moves the live rows into the smallest bucket holding them; then ``round`` / ``sync`` until
+no row is live; ``store`` writes the rows back into the call's ``SequenceBatch``.
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ class SpecRunner:
     # -- per call ------------------------------------------------------------------
     def begin(self, batch, spec: RoundSpec, logits_signature: tuple, vocab: int, graphs: bool, compile: bool,
               block_size: int, cache_blocks: Optional[int], hint: str) -> None:
-        """Size (or reuse) caches and buckets for this call and reserve every row's whole budget.
+        """Size (or reuse) caches and buckets for this call (rows get blocks as they start: row_blocks.py).
         ``cache_blocks``: the user's budget per cache (None: what the call needs, rounded up)."""
         self.spec, self.batch, self.warmup_seconds = spec, batch, 0.0
         k = spec.k
