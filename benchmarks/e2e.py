@@ -19,8 +19,10 @@ up every smaller bucket their rows shrink into), then --repeats timed passes ove
 tokens/s = generated tokens (up to and including EOS) / wall time, median over passes.
 Rows run in the order the final summary needs them (plain_compiled; fast and k=0; eager
 speculative; plain_eager; hf_assisted); rows not started within --deadline-s are skipped.
-hf_specdec rows and stage costs: e2e_spec.py.  Derived figures (ideal speedup, efficiency,
-bandwidth, time outside forwards), tables, summary and JSON: e2e_report.py.  docs/evals.md, section 2.
+hf_specdec rows and stage costs: e2e_spec.py.  Greedy rows that differ from plain eager greedy:
+the first divergent position and both tokens' logits there, near-tie or not (divergence.py).
+Derived figures (ideal speedup, efficiency, bandwidth, time outside forwards), tables, summary and
+JSON: e2e_report.py.  docs/evals.md, section 2.
 
 GPU:  python benchmarks/e2e.py --target runs/pair/target --draft runs/pair/draft --out $OUT/e2e.json
 CPU smoke: python benchmarks/e2e.py --build-tiny --batch-sizes 1,2 --max-new-tokens 16 --num-prompts 4 \\
@@ -45,6 +47,7 @@ from benchmarks.common import (  # noqa: E402
     REPO_ROOT, Timer, find_humaneval, load_pair, metrics_dict, pick_device, pick_dtype, read_jsonl, spec_available,
     valid_new_tokens,
 )
+from benchmarks.divergence import add_to_results as add_divergences  # noqa: E402
 from benchmarks.e2e_report import finish_report, new_report, write_json  # noqa: E402
 from benchmarks.e2e_spec import run_spec, spec_fields  # noqa: E402
 
@@ -81,6 +84,10 @@ def parse_args(argv=None):
     p.add_argument("--deadline-s", type=float, default=520.0,
                    help="rows not started this many seconds after the start are skipped (0 = no deadline)")
     p.add_argument("--ignore-eos", action="store_true", help="min_new_tokens = max_new_tokens for every method")
+    p.add_argument("--no-divergence", action="store_true",
+                   help="skip the analysis of greedy rows that differ from plain eager greedy (divergence.py)")
+    p.add_argument("--tie-ulps", type=float, default=1.0,
+                   help="a divergence is a near-tie when the two tokens' logits lie within this many ulps")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu) | float32 | bfloat16 | float16")
     p.add_argument("--seed", type=int, default=0)
@@ -346,6 +353,8 @@ def main(argv=None):
     if not args.no_assisted and 1 in bench.batch_sizes:
         run_assisted(bench)
 
+    if not args.no_divergence:
+        add_divergences(bench, args.tie_ulps)
     report["total_seconds"] = bench.elapsed()
     finish_report(report)
     return report

@@ -24,6 +24,8 @@ import platform
 import torch
 
 from benchmarks.common import expected_tokens_per_round, weight_bytes
+from benchmarks.divergence import summary_line as divergence_summary
+from benchmarks.divergence import table_lines as divergence_table
 
 METHODS = ("plain_eager", "plain_compiled", "hf_assisted", "hf_specdec", "runner_plain")
 
@@ -251,6 +253,9 @@ def summary_notes(report):
     notes = sorted({r["stage_note"] for r in res if r.get("stage_note")})
     for note in notes:
         yield f"note: {note}"
+    divergence = divergence_summary(res)
+    if divergence:
+        yield divergence
     warm = [f"{r['method']} {r['variant']} b={r['batch_size']} {r['mode']}: {r['timed_warmup_seconds']:.2f} s"
             for r in res if r.get("timed_warmup_seconds")]
     yield ("timed calls' warm-up (capture+compile): " + ("; ".join(warm) if warm else "0.00 s in every spec row"))
@@ -269,6 +274,9 @@ def finish_report(report):
     print_main_table(rows)
     print_runner_table(rows)
     print_stage_table(rows)
+    lines = list(divergence_table(rows))
+    if lines:
+        print("\n" + "\n".join(lines))
     write_json(report["config"]["out"], report)
     print("")
     for line in summary_lines(report, modes):

@@ -5,9 +5,10 @@ runner with CUDA graphs, and graphs + torch.compile; batch 1, 3 and 32 with left
 and an EOS id that rows hit at different rounds; a second identical call must capture
 nothing (zero warm-up; with a fixed k: adaptive rounds may reach a bucket the first call did not).
 Also the adaptive-k and n-gram fast paths, and a sampled run per path (reported only). One line per case;
-exit status 1 if an fp32 case differs or a repeated call warms up again.
+exit status 1 if an fp32 case differs or a repeated call warms up again. ``--cache-rows N``
+gives the caches a budget of N rows at a time, so rows start in waves as others finish.
 
-    python benchmarks/gpu_smoke.py [--paths eager,graphs,compile] [--batches 1,3,32]
+    python benchmarks/gpu_smoke.py [--paths eager,graphs,compile] [--batches 1,3,32] [--cache-rows 8]
 """
 import argparse
 import copy
@@ -56,6 +57,8 @@ def main():
     ap.add_argument("--paths", default="eager,graphs,compile,adaptive,ngram")
     ap.add_argument("--batches", default="1,3,32")
     ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--cache-rows", type=int, default=0,
+                    help="SpecConfig.cache_tokens that hold this many rows at once (0: unlimited): rows start in waves")
     args = ap.parse_args()
     assert torch.cuda.is_available()
     ok = True
@@ -71,7 +74,8 @@ def main():
                       pad_token_id=0)
             expected = target.generate(**kw)
             for name in args.paths.split(","):
-                spec = hf_specdec.SpecConfig(num_speculative_tokens=4, **PATHS[name])
+                budget = args.cache_rows * (ids.shape[1] + 64 + 4 + 1) or None  # prompt + new + k + 1 a row
+                spec = hf_specdec.SpecConfig(num_speculative_tokens=4, cache_tokens=budget, **PATHS[name])
                 assist = None if name == "ngram" else draft
                 times, warm = [], []
                 for _ in range(2):

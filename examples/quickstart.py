@@ -46,6 +46,9 @@ def main():
     same = torch.equal(plain, out.sequences)
     print(f"greedy, batch {len(prompts)}: identical to plain generate: {same} "
           f"(plain {t1 - t0:.2f}s, speculative {t2 - t1:.2f}s on CPU)")
+    print("  (not a speed test: with tiny models on a CPU a target forward costs about what a draft forward does, "
+          "so drafting and verifying only add work; the gain comes on a GPU, where a large target's forward is "
+          "bound by memory: measured figures in docs/evals.md)")
     print(tok.decode(out.sequences[0], skip_special_tokens=True))
     m = out.spec_metrics
     print(f"acceptance rate {m.acceptance_rate:.2f}, mean acceptance length {m.mean_acceptance_length:.2f}, "

@@ -53,6 +53,14 @@ class SequenceBatch:
         """Buffer column just past row ``b``'s last committed token."""
         return self.prompt_width + self.gen_len[b]
 
+    def prompt_len(self, b: int) -> int:
+        """Real prompt tokens of row ``b`` (padding excluded)."""
+        return self.prompt_width - self.pads[b]
+
+    def budget_tokens(self, b: int) -> int:
+        """Cache slots row ``b`` may ever hold: its prompt, max_new_tokens and a round's k + 1 lookahead."""
+        return self.prompt_len(b) + self.max_new_tokens + self.k + 1
+
     def real_len(self, b: int) -> int:
         """Committed tokens of row ``b`` without padding (= its cache positions)."""
         return self.end(b) - self.pads[b]

@@ -15,6 +15,7 @@ import torch
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
 
 from .batch_state import SequenceBatch
+from .history_groups import stop_hits
 
 
 class Committer:
@@ -61,18 +62,14 @@ class Committer:
 
     def _apply_criteria(self, batch, rows, keep, stopped, scores, positions) -> None:
         for j in range(max(keep, default=0)):
-            groups: dict[int, list[int]] = defaultdict(list)
-            for i, (b, n) in enumerate(zip(rows, keep)):
-                if j < n:
-                    groups[batch.end(b) + j + 1].append(i)
-            for length, members in groups.items():
-                ids = batch.tokens[torch.tensor([rows[i] for i in members], device=batch.device), :length]
-                index = torch.tensor([i * positions + j for i in members], device=scores.device)
-                hit = self.criteria(ids, scores[index]).tolist()
-                for i, h in zip(members, hit):
-                    if h:
-                        keep[i] = j + 1
-                        stopped[i] = True
+            live = [i for i, n in enumerate(keep) if j < n]
+            index = torch.tensor([i * positions + j for i in live], dtype=torch.long, device=scores.device)
+            hits = stop_hits(self.criteria, batch.tokens, [rows[i] for i in live],
+                             [batch.end(rows[i]) + j + 1 for i in live], scores[index])
+            for i, h in zip(live, hits):
+                if h:
+                    keep[i] = j + 1
+                    stopped[i] = True
 
     def _keep(self, rows, keep, kept_index, scores, raw_logits) -> None:
         index = torch.tensor(kept_index, device=scores.device)
@@ -88,7 +85,8 @@ class Committer:
                 at += 1
 
     def per_step(self, kept: dict[int, list[torch.Tensor]], batch_size: int, vocab: int, device) -> tuple:
-        """Hugging Face's layout: one ``(B, V)`` tensor per generated token; rows already finished are 0."""
+        """Hugging Face's layout: one ``(B, V)`` tensor per generated token (a row that finished early has its
+        padding steps from ``padding_steps.py``; without them those entries are 0)."""
         steps = max((len(v) for v in kept.values()), default=0)
         out = []
         for t in range(steps):

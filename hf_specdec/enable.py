@@ -21,6 +21,7 @@ import functools
 import torch
 from transformers import PreTrainedModel, StoppingCriteriaList, StopStringCriteria
 
+from .arguments import as_spec_config, check_tokenizers
 from .config import SpecConfig
 from .generate import speculative_generate
 
@@ -38,6 +39,8 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
             return original(*args, **kwargs)
         if kwargs.get("custom_generate") is not None:
             raise ValueError("spec_config and custom_generate cannot be combined: spec_config already uses it.")
+        spec_config = as_spec_config(spec_config)
+        check_tokenizers(kwargs.get("tokenizer"), kwargs.pop("assistant_tokenizer", None))
         _stop_strings_as_criteria(model, kwargs)
         kwargs["draft_model"] = kwargs.pop("assistant_model", None)
         streamer = kwargs.pop("streamer", None)

@@ -1,44 +1,39 @@
 """The fast path's round loop: fixed-shape rounds on the runner, one host synchronisation each.
 
-    prefill    both models read the prompts; the target's first token is committed as on
-               the eager path (Hugging Face's processors and stopping criteria)
+    prefill    both models read the prompts of the rows the cache budget holds; the target's
+               first token is committed as on the eager path (fast_rows.py)
     rounds     policy.choose(): this round's k (strategies/speculation_length.py);
                runner.round(k): propose + verify + accept + commit on the device (graph
                replays on GPU); runner.read(): the one sync, done flags, lengths, verdicts
     criteria   stopping criteria that need the host (stop strings, max_time, the user's
                own) run on the tokens just committed; a stop cuts the row on the device
-    shrink     finished rows go back to the call's buffer; the survivors move to a smaller
-               bucket when they fit one
+    shrink     finished rows go back to the call's buffer; waiting rows join in the blocks
+               they freed, or the survivors move to a smaller bucket when they fit one
 """
 from __future__ import annotations
 
-from collections import defaultdict
-from typing import Optional
-
 import time
+from typing import Optional
 
 import torch
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 
+from .admission import Admission
 from .batch_state import SequenceBatch
 from .commit import Committer
+from .fast_rows import FastRows
+from .history_groups import stop_hits
 from .logits import LogitsPipeline
 from .metrics import SpecMetrics, StageTimer
 from .runner import RoundSpec, SpecRunner, bucket_for
-from .sampling import choose_tokens
 from .strategies.speculation_length import SpeculationLength
 
 
 def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: LogitsPipeline,
              committer: Committer, eos_ids: list[int], metrics: SpecMetrics, timer: StageTimer,
-             policy: SpeculationLength) -> None:
-    rows = batch.active_rows()
-    with timer("prefill_seconds"):
-        raw = runner.prefill(rows)
-        scores = logits(raw, batch.tokens, *batch.history_lens(rows, 1))
-        first, _ = choose_tokens(scores, spec.do_sample, spec.generator)
-    committer.commit(batch, rows, [[t] for t in first.tolist()], scores, raw, 1)
-    rows = batch.active_rows()
+             admission: Admission, policy: SpeculationLength) -> None:
+    waves = FastRows(runner, batch, admission, spec, logits, committer, timer)
+    rows = waves.start()  # prefill and first token of every row the cache budget holds
     if not rows:
         return
     runner.load(rows, eos_ids)
@@ -74,9 +69,15 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
             if i < len(rows) and rows[i] is not None:
                 if done:
                     runner.store(i, rows[i], gen)
+                    waves.finish([rows[i]])
                     rows[i] = None
                 else:
                     live.append(i)
+        joined = waves.join(rows, live, host, eos_ids)  # waiting rows start in the blocks freed
+        if joined is not None:
+            rows = joined
+            generated.update((r, batch.gen_len[r]) for r in rows if r not in generated)
+            continue
         if not live:
             break
         if bucket_for(len(live)) < runner.state.size:
@@ -94,15 +95,11 @@ def host_criteria(runner: SpecRunner, criteria: StoppingCriteriaList, prompt_wid
     k1 = s.scores.shape[0] // s.size
     cuts: dict[int, int] = {}
     for j in range(max((h[2] for h in host), default=0)):
-        groups: dict[int, list[int]] = defaultdict(list)
-        for i, (done, gen, keep, *_) in enumerate(host):
-            if j < keep and i not in cuts:
-                groups[prompt_width + gen - keep + j + 1].append(i)
-        for length, members in groups.items():
-            index = torch.tensor(members, device=s.hist.device)
-            scores = s.scores[index * k1 + j]
-            hit = criteria(s.hist.index_select(0, index)[:, :length], scores).tolist()
-            cuts.update({i: j + 1 for i, h in zip(members, hit) if h})
+        live = [i for i, (done, gen, keep, *_) in enumerate(host) if j < keep and i not in cuts]
+        scores = s.scores[torch.tensor(live, dtype=torch.long, device=s.hist.device) * k1 + j]
+        lengths = [prompt_width + host[i][1] - host[i][2] + j + 1 for i in live]
+        hits = stop_hits(criteria, s.hist, live, lengths, scores)
+        cuts.update({i: j + 1 for i, h in zip(live, hits) if h})
     return cuts
 
 

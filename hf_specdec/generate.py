@@ -23,13 +23,17 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from .admission import Admission
+from .arguments import as_spec_config
 from .batch_state import SequenceBatch
 from .cache import paged_attention_enabled
 from .commit import Committer
 from .config import SpecConfig
+from .eager_rows import EagerRows
 from .fast_generate import round_spec, run_fast
 from .logits import LogitsPipeline
 from .metrics import SpecMetrics, StageTimer
+from .padding_steps import add_padding_steps
 from .path_choice import choose_path
 from .runner import bucket_for, runner_for
 from .sampling import choose_tokens
@@ -60,7 +64,7 @@ def speculative_generate(
     spec_streamer=None,
     **model_kwargs,
 ):
-    spec_config = spec_config if spec_config is not None else SpecConfig()
+    spec_config = as_spec_config(spec_config)  # a dict of SpecConfig's fields is accepted too
     generation_config = generation_config if generation_config is not None else model.generation_config
     request = check_request(model, draft_model, input_ids, generation_config, spec_config, model_kwargs, spec_streamer)
     k, do_sample = spec_config.num_speculative_tokens, request.do_sample
@@ -92,11 +96,13 @@ def speculative_generate(
         spec = round_spec(k, do_sample, spec_config.acceptance, path.logits, gen, spec_config.posterior_threshold,
                           spec_config.posterior_alpha, method, ngram_sizes)
         blocks, hint = cache_budget(model, draft, batch, spec_config, runner.pool_bytes())
+        admission = Admission(batch, spec_config.block_size, blocks, hint)  # a row too large fails here
         runner.begin(batch, spec, path.logits.signature, request.vocab_size, path.graphs, path.compile,
                      spec_config.block_size, blocks, hint)
         policy = SpeculationLength(k, adaptive, method, runner.policy_memory)
         with paged_attention_enabled(*((model,) if draft is None else (model, draft))):
-            run_fast(runner, batch, spec, logits, committer, request.eos_token_ids, metrics, timer, policy)
+            run_fast(runner, batch, spec, logits, committer, request.eos_token_ids, metrics, timer, admission,
+                     policy)
         policy.end_call()
         metrics.warmup_seconds = runner.warmup_seconds
         return _finish(batch, request, generation_config, committer, metrics, start, group)
@@ -107,17 +113,12 @@ def speculative_generate(
                 else DraftModelProposer(draft_model, draft_cache, logits, k, request.vocab_size, do_sample, gen))
     verifier = Verifier(spec_config.acceptance, do_sample, k, gen, spec_config.posterior_threshold,
                         spec_config.posterior_alpha)
+    admission = Admission(batch, spec_config.block_size, target_cache.num_blocks, target_cache.allocator.budget_hint)
+    running = EagerRows(admission, batch, scorer, proposer, logits, committer, timer, request.vocab_size,
+                        do_sample, gen)
     policy = SpeculationLength(k, adaptive, method)
     with paged_attention_enabled(*((model,) if draft is None else (model, draft))):
-        rows = batch.active_rows()
-        with timer("prefill_seconds"):
-            raw = scorer.prefill(batch, rows)[:, : request.vocab_size]
-            scores = logits(raw, batch.tokens, *batch.history_lens(rows, 1))
-            first, _ = choose_tokens(scores, do_sample, gen)
-        proposer.add_rows(rows)
-        release(committer.commit(batch, rows, [[t] for t in first.tolist()], scores, raw, 1), scorer, proposer)
-
-        while rows := batch.active_rows():
+        while rows := running.next():  # waiting rows start as finished rows free their blocks
             remaining = [batch.max_new_tokens - batch.gen_len[b] for b in rows]
             k_round, started = policy.choose(bucket_for(len(rows)), rows, remaining), time.perf_counter()
             with timer("propose_seconds"):
@@ -127,7 +128,7 @@ def speculative_generate(
                 scores = logits(raw, batch.tokens, *batch.history_lens(rows, k_round + 1))
             with timer("verify_seconds"):
                 if proposal is None:  # k = 0: a plain decoding step
-                    emitted, num_accepted = choose_tokens(scores, do_sample, gen)[0][:, None], first.new_zeros(len(rows))
+                    emitted, num_accepted = choose_tokens(scores, do_sample, gen)[0][:, None], torch.zeros(len(rows), dtype=torch.long, device=batch.device)
                 else:
                     emitted, num_accepted = verifier(proposal, scores)
             counts = proposal.counts if proposal is not None and proposal.counts is not None else None
@@ -142,7 +143,8 @@ def speculative_generate(
             if k_round:
                 proposer.update_candidate_strategy(batch, rows, accepted)
             scorer.update_after_verify(batch, rows, accepted)
-            release(committer.commit(batch, rows, runs, scores, raw, k_round + 1), scorer, proposer)
+            running.release(committer.commit(batch, rows, runs, scores, raw, k_round + 1))
+    add_padding_steps(model, batch, committer, logits, request.pad_token_id, request.vocab_size)  # output_scores
     return _finish(batch, request, generation_config, committer, metrics, start, group)
 
 
@@ -162,9 +164,3 @@ def _finish(batch: SequenceBatch, request, generation_config, committer: Committ
         logits=committer.per_step(committer.logits, B, V, batch.device) if generation_config.output_logits else None,
         spec_metrics=metrics,
     )
-
-
-def release(rows: list[int], scorer: TargetScorer, proposer) -> None:
-    if rows:
-        scorer.release(rows)
-        proposer.release(rows)

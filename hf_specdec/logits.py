@@ -5,15 +5,13 @@ Plain generate calls the processor list once per step with the batch's left-padd
 the sequences have generated different numbers of tokens, so row ``(b, j)`` must be
 processed with exactly the ``input_ids`` plain generate would have had there: the
 sequence's padded prompt, its generated tokens and its first ``j`` drafts. Rows are
-grouped by that history length and each group goes through the list once, laid out as
+grouped by that history length (``history_groups.py``, as for stopping criteria) and each group goes through the list once, laid out as
 the whole batch because processors may keep per-row state.
 
 Processors that never read ``input_ids`` (temperature, top-k, top-p, min-p, typical,
 epsilon, eta) take all rows in one call.
 """
 from __future__ import annotations
-
-from collections import defaultdict
 
 import torch
 from transformers.generation.logits_process import (
@@ -26,6 +24,8 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
     TypicalLogitsWarper,
 )
+
+from .history_groups import by_length
 
 _HISTORY_FREE = (
     TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper,
@@ -45,9 +45,7 @@ class LogitsPipeline:
             return scores
         if self.history_free:
             return self.processors(tokens[:, :1].new_zeros(scores.shape[0], 1), scores)
-        groups: dict[int, list[int]] = defaultdict(list)
-        for i, length in enumerate(history_lens):
-            groups[length].append(i)
+        groups = by_length(history_lens)
         # Processors may hold per-batch-row state (e.g. repetition penalty's prompt_ignore_length), so each
         # group is processed as the whole batch, its rows in their own places; other rows are discarded.
         out = torch.empty_like(scores)

@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
+from .arguments import check_draft_model
 from .batch_state import SequenceBatch
 from .cache import PagedKVCache, blocks_for, check_paged_support, input_device
 from .config import SpecConfig
@@ -47,6 +48,7 @@ def check_vocabularies(target: PreTrainedModel, draft: PreTrainedModel) -> int:
             f"{type(draft).__name__} has {vd}. Speculative decoding needs a draft with the target's tokenizer "
             "(vocabularies may differ only by padding rows)."
         )
+    _check_draft_embeds_target_ids(target, draft, vt)
     for name in ("bos_token_id", "eos_token_id"):
         a, b = _as_list(getattr(t_cfg, name, None)), _as_list(getattr(d_cfg, name, None))
         if a and b and not set(a) & set(b):
@@ -57,8 +59,23 @@ def check_vocabularies(target: PreTrainedModel, draft: PreTrainedModel) -> int:
     return vt
 
 
+def _check_draft_embeds_target_ids(target: PreTrainedModel, draft: PreTrainedModel, vocab: int) -> None:
+    """Every token the target can emit is fed to the draft next round: its embedding must have that row."""
+    head = target.get_output_embeddings()
+    emitted = min(vocab, head.weight.shape[0]) if head is not None and hasattr(head, "weight") else vocab
+    embedding = draft.get_input_embeddings()
+    embedded = getattr(embedding, "num_embeddings", None) or embedding.weight.shape[0]
+    if embedded < emitted:
+        raise ValueError(
+            f"the draft {type(draft).__name__} embeds token ids 0..{embedded - 1} only, but the target "
+            f"{type(target).__name__} can emit ids up to {emitted - 1}: the draft would fail on the first such token. "
+            "Use a draft with an embedding row for every id the target emits (a larger, padded vocabulary is fine)."
+        )
+
+
 def check_request(model, draft_model, input_ids, generation_config: GenerationConfig, spec_config: SpecConfig,
                   model_kwargs: dict, streamer) -> Request:
+    check_draft_model(draft_model)
     if spec_config.method == "ngram" and draft_model is not None:
         raise ValueError("SpecConfig(method='ngram') proposes from the prompt and output, not from a draft model; "
                          "drop assistant_model= or use method='draft'.")

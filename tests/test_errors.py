@@ -84,3 +84,57 @@ def test_attention_restored_after_error(target):
     with pytest.raises(hf_specdec.CacheBudgetError):
         run(target, make_draft(target, "full"), spec_config=hf_specdec.SpecConfig(cache_tokens=16, block_size=4))
     assert target.config._attn_implementation == before
+
+
+def test_spec_config_as_a_dict(target):
+    ids, mask = left_padded_prompts(2, seed=0)
+    draft = make_draft(target, "mix")
+    kw = dict(input_ids=ids, attention_mask=mask, assistant_model=draft, do_sample=False, max_new_tokens=8,
+              return_dict_in_generate=True)
+    out = target.generate(**kw, spec_config={"num_speculative_tokens": 2})
+    assert torch.equal(out.sequences, target.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                                                      max_new_tokens=8))
+    assert out.spec_metrics.num_speculative_tokens == 2
+    with pytest.raises(ValueError, match=r"unknown keys \['k'\].*num_speculative_tokens"):
+        target.generate(**kw, spec_config={"k": 2})
+    with pytest.raises(TypeError, match="SpecConfig or a dict"):
+        target.generate(**kw, spec_config=4)
+
+
+def test_assistant_model_given_as_a_path(target):
+    with pytest.raises(TypeError, match=r"loaded model, not the path or name 'path/to/draft'.*from_pretrained"):
+        run(target, "path/to/draft")
+
+
+def test_draft_vocabulary_smaller_than_the_target_ids(target):
+    small = make_model("llama", seed=1, vocab=target.config.vocab_size - 7)  # within padding distance, but short
+    with pytest.raises(ValueError, match=r"embeds token ids 0\.\.89 only.*emit ids up to 96"):
+        run(target, small)
+
+
+def test_spec_config_without_enable_names_the_keyword():
+    """What a model never passed to hf_specdec.enable() says (transformers' own check; README's first example)."""
+    plain = make_model("llama", seed=0)
+    with pytest.raises(ValueError, match=r"model_kwargs.*not used.*spec_config"):
+        run(plain, make_draft(plain, "full"))
+
+
+def _tokenizer(words):
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, "<unk>")))
+
+
+def test_tokenizer_pairs_must_share_one_vocabulary(target):
+    words = ["<unk>", "def", "return", "x"]
+    with pytest.raises(ValueError, match=r"different vocabularies \(4 vs 4 tokens; 2 differ, e\.g\. 'return': 2 vs None"):
+        run(target, make_draft(target, "full"), tokenizer=_tokenizer(words),
+            assistant_tokenizer=_tokenizer(words[:2] + ["yield", "x"]))
+    with pytest.raises(ValueError, match="without tokenizer="):
+        run(target, make_draft(target, "full"), assistant_tokenizer=_tokenizer(words))
+    ids, mask = left_padded_prompts(2, seed=0)
+    same = run(target, make_draft(target, "full"), tokenizer=_tokenizer(words), assistant_tokenizer=_tokenizer(words),
+               do_sample=False)
+    assert torch.equal(same, target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=8))

@@ -48,7 +48,8 @@ def test_greedy_equals_target_greedy(targets, family, kind, batch, bucketed):
     expected = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW)
     out = target.generate(input_ids=ids, attention_mask=mask, assistant_model=draft, do_sample=False,
                           max_new_tokens=MAX_NEW, return_dict_in_generate=True,
-                          spec_config=hf_specdec.SpecConfig(num_speculative_tokens=K, block_size=4, bucketed=bucketed))
+                          spec_config=hf_specdec.SpecConfig(num_speculative_tokens=K, block_size=4, bucketed=bucketed,
+                                                            adaptive=False))
     assert torch.equal(out.sequences, expected)
     assert out.spec_metrics.fast_path == ("bucketed" if bucketed else "eager: SpecConfig(bucketed=False)")
     if kind == "full":

@@ -49,16 +49,21 @@ import torch
 import triton
 import triton.language as tl
 
+from .acceptance_common_triton import (  # noqa: F401 (LAUNCH_OVERRIDE, _num_programs_target: kernel_bench, tests)
+    LAUNCH_OVERRIDE,
+    SPLIT_BLOCK_V,
+    _first_argmax,
+    _launch_config,
+    _new_outputs,
+    _num_programs_target,
+    _rows_exponential_race,
+    _sequence_rows,
+    _store_outputs,
+    _vocab_splits,
+)
 from .vocab_split_triton import _rejection_sample_split_kernel
 
 PLACEHOLDER_TOKEN_ID = -1
-
-
-@triton.jit
-def _first_argmax(best_val, best_idx):
-    """Finish a lane-wise running argmax ``(BLOCK_B, BLOCK_V)``: the smallest token id holding the row max."""
-    row_max = tl.max(best_val, axis=1)
-    return tl.min(tl.where(best_val == row_max[:, None], best_idx, 2147483647), axis=1)
 
 
 @triton.jit
@@ -78,56 +83,6 @@ def _rows_argmax(row_ptrs, live, vocab_size, BLOCK_B: tl.constexpr, BLOCK_V: tl.
         best_val = tl.where(better, vals, best_val)
         best_idx = tl.where(better, offs, best_idx)
     return _first_argmax(best_val, best_idx)
-
-
-@triton.jit
-def _rows_exponential_race(p_ptrs, q_ptrs, e_ptrs, live, use_residual, onehot_token, vocab_size,
-                           HAS_Q: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Per live row: argmax of ``max(p - q, 0) / E`` where ``use_residual`` (``p / E`` if that
-    residual is all zero), else argmax of ``p / E``. Without ``HAS_Q``, ``q`` is one-hot at
-    ``onehot_token``.
-
-    One race serves both cases: ``q`` is only read (and the one-hot only placed) on rows
-    that use the residual, elsewhere ``q = 0`` and ``max(p - 0, 0) = p`` exactly. The
-    all-zero residual (rounding) is detected from a running max and redone on ``p`` in a
-    second sweep that only such rows take. Lane-wise running argmaxes as in ``_rows_argmax``."""
-    best = tl.full([BLOCK_B, BLOCK_V], -1.0, tl.float32)
-    best_idx = tl.zeros([BLOCK_B, BLOCK_V], tl.int32)
-    res_max = tl.zeros([BLOCK_B, BLOCK_V], tl.float32)
-    q_live = live & use_residual
-    onehot = tl.where(q_live, onehot_token, -1)
-    for start in range(0, vocab_size, BLOCK_V):
-        offs = (start + tl.arange(0, BLOCK_V))[None, :]
-        in_vocab = offs < vocab_size
-        m = live[:, None] & in_vocab
-        p = tl.load(p_ptrs[:, None] + offs, mask=m, other=0.0).to(tl.float32)
-        e = tl.load(e_ptrs[:, None] + offs, mask=m, other=1.0)
-        if HAS_Q:
-            q = tl.load(q_ptrs[:, None] + offs, mask=q_live[:, None] & in_vocab, other=0.0).to(tl.float32)
-        else:
-            q = tl.where(offs == onehot[:, None], 1.0, 0.0)
-        res = tl.maximum(p - q, 0.0)
-        res_max = tl.maximum(res_max, res)
-        w = tl.math.div_rn(res, e)  # out-of-vocab lanes give 0 at an index above every real token
-        better = w > best
-        best = tl.where(better, w, best)
-        best_idx = tl.where(better, offs, best_idx)
-    token = _first_argmax(best, best_idx)
-    redo = q_live & (tl.max(res_max, axis=1) <= 0.0)
-    if tl.max(redo.to(tl.int32), axis=0) > 0:  # all-zero residual: draw from p instead
-        best = tl.full([BLOCK_B, BLOCK_V], -1.0, tl.float32)
-        best_idx = tl.zeros([BLOCK_B, BLOCK_V], tl.int32)
-        for start in range(0, vocab_size, BLOCK_V):
-            offs = (start + tl.arange(0, BLOCK_V))[None, :]
-            m = redo[:, None] & (offs < vocab_size)
-            p = tl.load(p_ptrs[:, None] + offs, mask=m, other=0.0).to(tl.float32)
-            e = tl.load(e_ptrs[:, None] + offs, mask=m, other=1.0)
-            w = tl.math.div_rn(p, e)
-            better = w > best
-            best = tl.where(better, w, best)
-            best_idx = tl.where(better, offs, best_idx)
-        token = tl.where(redo, _first_argmax(best, best_idx), token)
-    return token
 
 
 @triton.jit
@@ -152,10 +107,7 @@ def _rejection_sample_kernel(
 ):
     b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     in_batch = b < batch_size
-    end = tl.load(cu_num_draft_ptr + b, mask=in_batch, other=0).to(tl.int64)
-    start = tl.load(cu_num_draft_ptr + b - 1, mask=in_batch & (b > 0), other=0).to(tl.int64)
-    count = end - start
-    target_start = start + b  # first target row of each sequence
+    start, count, target_start = _sequence_rows(cu_num_draft_ptr, b, in_batch)
     greedy = tl.load(is_greedy_ptr + b, mask=in_batch, other=0) != 0
     out_rows = out_ptr + b.to(tl.int64) * stride_out
 
@@ -203,35 +155,7 @@ def _rejection_sample_kernel(
         emitted = tl.where(rnd, sampled, emitted)
 
     # 3. Emitted token at position r, -1 after it, accepted count.
-    tl.store(out_rows + num_acc, emitted.to(tl.int64), mask=in_batch)
-    k = tl.arange(0, BLOCK_K)
-    pad = in_batch[:, None] & (k[None, :] > num_acc[:, None]) & (k[None, :] <= max_spec_len)
-    tl.store(out_rows[:, None] + k[None, :], tl.full([BLOCK_B, BLOCK_K], -1, tl.int64), mask=pad)
-    tl.store(num_accepted_ptr + b, num_acc, mask=in_batch)
-
-
-def _num_programs_target(device: torch.device) -> int:
-    """Programs worth launching to fill the device: two per SM (a fixed 8 off-GPU)."""
-    if device.type != "cuda":
-        return 8
-    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
-
-
-SPLIT_BLOCK_V = 2048
-
-
-# Tuning knobs for benchmarks/kernels.py's sweep: {"block_v": int, "num_warps": int}.
-LAUNCH_OVERRIDE: dict = {}
-
-
-def _launch_config(vocab_size: int, max_block_v: int = 8192) -> tuple[int, int, int]:
-    """(BLOCK_B, BLOCK_V, num_warps). Large vocabularies: one sequence per program, chunks of
-    ``max_block_v`` with 16 warps (measured best on an H200 at B=256, k=8, V=128k: more bytes
-    in flight per program); tiny vocabularies: several whole rows per program."""
-    block_v = min(triton.next_power_of_2(max(vocab_size, 16)), LAUNCH_OVERRIDE.get("block_v", max_block_v))
-    block_b = max(1, min(64, 1024 // block_v))
-    num_warps = LAUNCH_OVERRIDE.get("num_warps", 16 if block_v >= 2048 else 4)
-    return block_b, block_v, num_warps
+    _store_outputs(out_rows, num_accepted_ptr, b, in_batch, emitted, num_acc, max_spec_len, BLOCK_B, BLOCK_K)
 
 
 def rejection_sample_triton(
@@ -249,8 +173,7 @@ def rejection_sample_triton(
     V = target_probs.shape[-1]
     K = int(max_spec_len)
     device = target_probs.device
-    out = torch.empty(B, K + 1, dtype=torch.int64, device=device)
-    num_accepted = torch.empty(B, dtype=torch.int64, device=device)
+    out, num_accepted = _new_outputs(B, K, device)
     if B == 0:
         return out, num_accepted
     target_probs = target_probs.contiguous()
@@ -263,12 +186,8 @@ def rejection_sample_triton(
     has_q = draft_probs is not None and draft_probs.numel() > 0
     q = draft_probs.contiguous() if has_q else target_probs
     block_b, block_v, num_warps = _launch_config(V)
-    # Small batch, large vocabulary: split each sequence's vocabulary over several programs.
-    n_chunks = triton.cdiv(V, SPLIT_BLOCK_V)
-    splits = min(n_chunks, _num_programs_target(device) // B) if block_b == 1 else 1
-    if splits > 1 and not LAUNCH_OVERRIDE.get("no_split", False):
-        per_slice = triton.cdiv(n_chunks, splits)
-        splits = triton.cdiv(n_chunks, per_slice)  # no empty slice
+    splits, per_slice = _vocab_splits(B, V, block_b, device)
+    if splits > 1:  # small batch, large vocabulary: each sequence's vocabulary over several programs
         part_val = torch.empty(B, splits, K + 1, dtype=torch.float32, device=device)
         part_idx = torch.empty(B, splits, K + 1, dtype=torch.int32, device=device)
         part_res = torch.empty(B, splits, dtype=torch.float32, device=device)

@@ -9,8 +9,8 @@ grid ``(cdiv(B, BLOCK_B),)``. The program walks drafts ``j = 0..k_b-1``; each vi
 gets one vocabulary sweep in chunks of ``BLOCK_V`` (``_rows_entropy_argmax``: entropy as
 ``ln 2 * sum p log2 p`` and argmax, lane-wise, reduced once per row). A sequence stops at
 its first rejection; one that accepted everything then takes one exponential-race
-sweep over its bonus row and noise row (``_rows_exponential_race`` of the rejection
-sampler). So it reads ``r_b + 1`` target rows (the last one is the rejected or the bonus row) and
+sweep over its bonus row and noise row (``_rows_exponential_race``, shared with the rejection
+sampler in ``acceptance_common_triton.py``). So it reads ``r_b + 1`` target rows (the last one is the rejected or the bonus row) and
 at most one noise row.
 Stores: accepted drafts, the emitted token, ``-1`` padding and the accepted counts; no
 host synchronisation.
@@ -31,13 +31,17 @@ import torch
 import triton
 import triton.language as tl
 
-from .rejection_sampler_triton import (
+from .acceptance_common_triton import (
     SPLIT_BLOCK_V,
-    LAUNCH_OVERRIDE,
+    _combined_argmax,
     _first_argmax,
     _launch_config,
-    _num_programs_target,
+    _new_outputs,
     _rows_exponential_race,
+    _sequence_rows,
+    _store_outputs,
+    _store_sequence_outputs,
+    _vocab_splits,
 )
 from .vocab_split_triton import _slice_race
 
@@ -73,10 +77,7 @@ def _typical_accept_kernel(
     posterior_alpha = tl.cast(posterior_alpha, tl.float32)
     b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     in_batch = b < batch_size
-    end = tl.load(cu_num_draft_ptr + b, mask=in_batch, other=0).to(tl.int64)
-    start = tl.load(cu_num_draft_ptr + b - 1, mask=in_batch & (b > 0), other=0).to(tl.int64)
-    count = end - start
-    target_start = start + b
+    start, count, target_start = _sequence_rows(cu_num_draft_ptr, b, in_batch)
     out_rows = out_ptr + b.to(tl.int64) * stride_out
 
     # 1. Walk the drafts: one entropy + argmax sweep per visited row.
@@ -106,11 +107,7 @@ def _typical_accept_kernel(
             vocab_size, False, BLOCK_B, BLOCK_V)
         emitted = tl.where(bonus, sampled, emitted)
 
-    tl.store(out_rows + num_acc, emitted.to(tl.int64), mask=in_batch)
-    k = tl.arange(0, BLOCK_K)
-    pad = in_batch[:, None] & (k[None, :] > num_acc[:, None]) & (k[None, :] <= max_spec_len)
-    tl.store(out_rows[:, None] + k[None, :], tl.full([BLOCK_B, BLOCK_K], -1, tl.int64), mask=pad)
-    tl.store(num_accepted_ptr + b, num_acc, mask=in_batch)
+    _store_outputs(out_rows, num_accepted_ptr, b, in_batch, emitted, num_acc, max_spec_len, BLOCK_B, BLOCK_K)
 
 
 @triton.jit
@@ -147,10 +144,7 @@ def _typical_accept_split_kernel(
     posterior_alpha = tl.cast(posterior_alpha, tl.float32)
     b = tl.program_id(0)
     s = tl.program_id(1)
-    end = tl.load(cu_num_draft_ptr + b).to(tl.int64)
-    start = tl.load(cu_num_draft_ptr + b - 1, mask=b > 0, other=0).to(tl.int64)
-    count = end - start
-    target_start = start + b
+    start, count, target_start = _sequence_rows(cu_num_draft_ptr, b, b >= 0)
     lo = s * slice_len
     hi = tl.minimum(lo + slice_len, vocab_size)
     part = (b * NUM_SPLITS + s).to(tl.int64) * (max_spec_len + 1)
@@ -175,9 +169,7 @@ def _typical_accept_split_kernel(
         emitted = b * 0
         for j in range(0, count + 1):
             if still:
-                vals = tl.load(part_val_ptr + parts + j, mask=s_ok, other=-float("inf"), cache_modifier=".cg")
-                idxs = tl.load(part_idx_ptr + parts + j, mask=s_ok, other=2147483647, cache_modifier=".cg")
-                am = tl.min(tl.where(vals == tl.max(vals, axis=0), idxs, 2147483647), axis=0)
+                am = _combined_argmax(part_val_ptr, part_idx_ptr, parts, j, s_ok)
                 if j < count:
                     ent = tl.load(part_ent_ptr + parts + j, mask=s_ok, other=0.0, cache_modifier=".cg")
                     entropy = -0.6931471805599453 * tl.sum(ent, axis=0)
@@ -192,10 +184,7 @@ def _typical_accept_split_kernel(
                         still = b < 0
                 else:
                     emitted = am  # bonus: the race winner
-        tl.store(out_row + num_acc, emitted.to(tl.int64))
-        k = tl.arange(0, BLOCK_K)
-        tl.store(out_row + k, tl.full([BLOCK_K], -1, tl.int64), mask=(k > num_acc) & (k <= max_spec_len))
-        tl.store(num_accepted_ptr + b, num_acc.to(tl.int64))
+        _store_sequence_outputs(out_row, num_accepted_ptr, b, emitted, num_acc, max_spec_len, BLOCK_K)
 
 
 def typical_accept_triton(
@@ -212,8 +201,7 @@ def typical_accept_triton(
     V = target_probs.shape[-1]
     K = int(max_spec_len)
     device = target_probs.device
-    out = torch.empty(B, K + 1, dtype=torch.int64, device=device)
-    num_accepted = torch.empty(B, dtype=torch.int64, device=device)
+    out, num_accepted = _new_outputs(B, K, device)
     if B == 0:
         return out, num_accepted
     target_probs = target_probs.contiguous()
@@ -222,11 +210,8 @@ def typical_accept_triton(
     if draft_token_ids.numel() == 0:  # keep the pointer valid; never read
         draft_token_ids = torch.zeros(1, dtype=torch.int64, device=device)
     block_b, block_v, num_warps = _launch_config(V, max_block_v=2048)  # log2 per element: smaller chunks
-    n_chunks = triton.cdiv(V, SPLIT_BLOCK_V)
-    splits = min(n_chunks, _num_programs_target(device) // B) if block_b == 1 else 1
-    if splits > 1 and not LAUNCH_OVERRIDE.get("no_split", False):
-        per_slice = triton.cdiv(n_chunks, splits)
-        splits = triton.cdiv(n_chunks, per_slice)  # no empty slice
+    splits, per_slice = _vocab_splits(B, V, block_b, device)
+    if splits > 1:
         part_val = torch.empty(B, splits, K + 1, dtype=torch.float32, device=device)
         part_idx = torch.empty(B, splits, K + 1, dtype=torch.int32, device=device)
         part_ent = torch.empty(B, splits, K + 1, dtype=torch.float32, device=device)

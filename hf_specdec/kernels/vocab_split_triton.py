@@ -13,6 +13,8 @@ acceptance's split kernel.
 import triton
 import triton.language as tl
 
+from .acceptance_common_triton import _combined_argmax, _sequence_rows, _store_sequence_outputs
+
 
 @triton.jit
 def _slice_argmax(row_ptr, lo, hi, BLOCK_V: tl.constexpr):
@@ -72,10 +74,7 @@ def _rejection_sample_split_kernel(
     atomic ticket) combines the partials and writes the outputs. Still one launch."""
     b = tl.program_id(0)
     s = tl.program_id(1)
-    end = tl.load(cu_num_draft_ptr + b).to(tl.int64)
-    start = tl.load(cu_num_draft_ptr + b - 1, mask=b > 0, other=0).to(tl.int64)
-    count = end - start
-    target_start = start + b
+    start, count, target_start = _sequence_rows(cu_num_draft_ptr, b, b >= 0)
     greedy = tl.load(is_greedy_ptr + b) != 0
     lo = s * slice_len
     hi = tl.minimum(lo + slice_len, vocab_size)
@@ -123,9 +122,7 @@ def _rejection_sample_split_kernel(
             still = b >= 0
             for j in range(0, count + 1):
                 if still:
-                    vals = tl.load(part_val_ptr + parts + j, mask=s_ok, other=-float("inf"), cache_modifier=".cg")
-                    idxs = tl.load(part_idx_ptr + parts + j, mask=s_ok, other=2147483647, cache_modifier=".cg")
-                    am = tl.min(tl.where(vals == tl.max(vals, axis=0), idxs, 2147483647), axis=0)
+                    am = _combined_argmax(part_val_ptr, part_idx_ptr, parts, j, s_ok)
                     d = tl.load(draft_ids_ptr + start + j, mask=j < count, other=-1)
                     if d == am:
                         tl.store(out_row + j, d.to(tl.int64))
@@ -146,7 +143,4 @@ def _rejection_sample_split_kernel(
                     target_probs_ptr + (target_start + num_acc) * stride_p, draft_probs_ptr,
                     exp_ptr + b.to(tl.int64) * stride_e, 0, vocab_size, b < 0, b * 0 - 1, False, BLOCK_V)
                 emitted = idx
-        tl.store(out_row + num_acc, emitted.to(tl.int64))
-        k = tl.arange(0, BLOCK_K)
-        tl.store(out_row + k, tl.full([BLOCK_K], -1, tl.int64), mask=(k > num_acc) & (k <= max_spec_len))
-        tl.store(num_accepted_ptr + b, num_acc.to(tl.int64))
+        _store_sequence_outputs(out_row, num_accepted_ptr, b, emitted, num_acc, max_spec_len, BLOCK_K)

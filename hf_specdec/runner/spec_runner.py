@@ -5,11 +5,11 @@ next one: both models' paged caches (their pools' addresses are baked into the g
 one ``BucketState`` per batch bucket, the captured graphs and the compiled models. A
 call that changes nothing that shapes a graph (``RunnerKey``) captures nothing.
 
-Per call: ``begin`` reserves every sequence's whole budget (prompt + max_new_tokens +
-k + 1) in both caches, so a round never touches the allocator or a block table;
-``prefill`` runs the prompts eagerly; ``load`` moves the live rows into the smallest
-bucket holding them; then ``round`` / ``sync`` until no row is live; ``store`` writes
-the rows back into the call's ``SequenceBatch``.
+Per call: ``begin`` sizes the caches; each row gets its whole budget (prompt +
+max_new_tokens + k + 1) in both caches when it starts (``row_blocks.py``), so a round never
+touches the allocator or a block table; ``prefill`` runs the prompts eagerly; ``load``
+moves the live rows into the smallest bucket holding them; then ``round`` / ``sync`` until
+no row is live; ``store`` writes the rows back into the call's ``SequenceBatch``.
 """
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ class SpecRunner:
     # -- per call ------------------------------------------------------------------
     def begin(self, batch, spec: RoundSpec, logits_signature: tuple, vocab: int, graphs: bool, compile: bool,
               block_size: int, cache_blocks: Optional[int], hint: str) -> None:
-        """Size (or reuse) caches and buckets for this call and reserve every row's whole budget.
+        """Size (or reuse) caches and buckets for this call (rows get blocks as they start: row_blocks.py).
         ``cache_blocks``: the user's budget per cache (None: what the call needs, rounded up)."""
         self.spec, self.batch, self.warmup_seconds = spec, batch, 0.0
         k = spec.k
@@ -88,8 +88,8 @@ class SpecRunner:
         # (a wide table costs the Triton kernels nothing: attention stops at each row's length), so few
         # calls change a shape. Without graphs (CPU) the torch reference reads whole tables: keep them tight.
         longest = max(budgets + ([self._max_positions()] if graphs else []))
-        key = RunnerKey(k, spec.do_sample, spec.acceptance, spec.method, spec.ngram_sizes, logits_signature, id(spec.generator), graphs,
-                        compile and self.compile_error is None, block_size, pool_blocks,
+        key = RunnerKey(k, spec.do_sample, spec.acceptance, spec.method, spec.ngram_sizes, logits_signature,
+                        id(spec.generator), graphs, compile and self.compile_error is None, block_size, pool_blocks,
                         max(_capacity(batch.tokens.shape[1], 64), self.key.width if self.key else 0),
                         max(_capacity(blocks_for(longest, block_size), 8), self.key.table_width if self.key else 0),
                         vocab)
@@ -116,8 +116,7 @@ class SpecRunner:
             cache.reset(batch.size + 1, key.table_width * block_size, hint)
             cache.add_sequences(1)  # row 0: the scratch sequence of padding rows
             cache.reserve([0], [scratch_tokens])
-            rows = cache.add_sequences(batch.size)
-            cache.reserve(rows, budgets)
+            cache.add_sequences(batch.size)  # blocks as each row starts: row_blocks.reserve_rows
         self.models = {name: PagedModel(model, self.caches[name], vocab, self._compiled(name, model))
                        for name, model in models.items()}
         prepare = getattr(spec.logits, "prepare", None)

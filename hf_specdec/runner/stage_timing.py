@@ -49,7 +49,7 @@ def time_stages(runner: SpecRunner, bucket: int, repeats: int = 50) -> dict[str,
         "verify_forward": lambda: target.forward(s.hist[:, : k + 1].reshape(-1).contiguous(),
                                                  ((s.length - 1)[:, None] + torch.arange(k + 1, device=device)).view(-1),
                                                  s.target_tables, s.length + k, k + 1, False),
-        "verify_and_commit": lambda: verify_and_commit(s, target, spec),
+        "verify_and_commit": lambda: verify_and_commit(s, target, spec, spec.k),
     }
     if k:
         draft = runner.models["draft"]
@@ -58,7 +58,7 @@ def time_stages(runner: SpecRunner, bucket: int, repeats: int = 50) -> dict[str,
         pieces["draft_first_step"] = lambda: draft.forward(
             s.hist[:, :2].reshape(-1).contiguous(), ((s.length - 2)[:, None] + two).view(-1),
             s.draft_tables, s.length, 2, True)
-        pieces["propose"] = lambda: propose(s, draft, spec)
+        pieces["propose"] = lambda: propose(s, draft, spec, spec.k)
     out = {}
     for name, fn in pieces.items():
         run = StageGraph(fn, s.tensors()) if runner.key.graphs else fn

@@ -1,0 +1,61 @@
+"""The rows of the fast path: waiting rows start as the cache budget frees blocks (``admission.py``).
+
+A row starts with a prefill of both models (eager, ragged) and its first token, chosen and
+committed as plain generate would (Hugging Face's processors and stopping criteria). A row that
+finishes frees its blocks at once; the waiting rows that then fit start at the same sync and the
+bucket is rebuilt with the survivors and them (``runner/row_blocks.py``).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from .admission import Admission
+from .batch_state import SequenceBatch
+from .commit import Committer
+from .logits import LogitsPipeline
+from .metrics import StageTimer
+from .runner import RoundSpec, SpecRunner
+from .runner.row_blocks import free_rows, rejoin, reserve_rows
+from .sampling import choose_tokens
+
+
+class FastRows:
+    def __init__(self, runner: SpecRunner, batch: SequenceBatch, admission: Admission, spec: RoundSpec,
+                 logits: LogitsPipeline, committer: Committer, timer: StageTimer):
+        self.runner, self.batch, self.admission, self.spec = runner, batch, admission, spec
+        self.logits, self.committer, self.timer = logits, committer, timer
+
+    def start(self) -> list[int]:
+        """Start every waiting row that fits; the batch rows still live after their first token."""
+        live = []
+        while new := self.admission.admit():
+            live += self._start(new)
+        return live
+
+    def finish(self, rows: list[int]) -> None:
+        """Rows that finished: their blocks go back to both caches and to the admission count."""
+        if rows:
+            free_rows(self.runner, rows)
+            self.admission.release(rows)
+
+    def join(self, rows: list, live: list[int], host: list[list[int]], eos_ids: list[int]) -> Optional[list[int]]:
+        """After a sync (``rows``: the batch row of each bucket row, ``live``: bucket rows still running,
+        ``host``: [done, gen, ...] per bucket row): start the waiting rows that fit now and rebuild the
+        bucket with the survivors and them. Returns the new batch row of each bucket row, or None when
+        no row started."""
+        new = self.start()
+        if not new:
+            return None
+        live_rows = [rows[i] for i in live]
+        rejoin(self.runner, live, live_rows, [host[i][1] for i in live], new, eos_ids)
+        return live_rows + new
+
+    def _start(self, rows: list[int]) -> list[int]:
+        batch, spec = self.batch, self.spec
+        reserve_rows(self.runner, rows)
+        with self.timer("prefill_seconds"):
+            raw = self.runner.prefill(rows)
+            scores = self.logits(raw, batch.tokens, *batch.history_lens(rows, 1))
+            first, _ = choose_tokens(scores, spec.do_sample, spec.generator)
+        self.finish(self.committer.commit(batch, rows, [[t] for t in first.tolist()], scores, raw, 1))
+        return [b for b in rows if not batch.finished[b]]

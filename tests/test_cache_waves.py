@@ -1,0 +1,98 @@
+"""A batch larger than the cache budget runs in waves inside one generate() call.
+
+Rows wait until the blocks their whole generation may need are free, start when finished rows
+release theirs, and the output is what plain generate() gives; only a row that cannot fit even
+alone is refused, before anything is decoded. Both the eager path and the runner (bucketed, CPU).
+
+Sampled output under a budget follows the target's law (chi-square, as test_sampling_exact) but
+is not the unlimited-budget run's output for the same seed: one generator serves the whole batch,
+so a row's draws depend on which rows share its rounds (see docs/architecture.md, "Admission").
+"""
+import pytest
+import torch
+
+import hf_specdec
+from hf_specdec.cache import blocks_for
+from models import left_padded_prompts, make_draft, make_model
+from test_sampling_exact import N, V, chi_square_pvalue, exact_joint_23, pair  # noqa: F401 (pair: fixture)
+
+BLOCK = 4
+K = 3
+NEW = 16
+
+
+@pytest.fixture(scope="module")
+def target():
+    return hf_specdec.enable(make_model("llama", seed=21))
+
+
+def two_rows_budget(mask):
+    """cache_tokens that hold any two rows of this batch at once and never three."""
+    needs = sorted(blocks_for(int(n) + NEW + K + 1, BLOCK) for n in mask.sum(1))
+    assert 3 * needs[0] > 2 * needs[-1]
+    return 2 * needs[-1] * BLOCK
+
+
+@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
+def test_batch_of_8_in_a_budget_of_2_rows_equals_plain_generate(target, bucketed):
+    ids, mask = left_padded_prompts(8, seed=31)
+    plain = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW, eos_token_id=None)
+    eos = int(plain[3, ids.shape[1] + 4])  # some rows stop early, so rows start at many different rounds
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW, eos_token_id=eos,
+              pad_token_id=0)
+    expected = target.generate(**kw)
+    spec = hf_specdec.SpecConfig(num_speculative_tokens=K, block_size=BLOCK, cache_tokens=two_rows_budget(mask),
+                                 bucketed=bucketed, adaptive=False)  # a fixed k: every live row drafts each round
+    out = target.generate(**kw, assistant_model=make_draft(target, "mix"), spec_config=spec,
+                          return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected)
+    m = out.spec_metrics
+    assert m.num_rounds < m.num_drafts <= 2 * m.num_rounds  # at most 2 rows a round, 2 in some
+
+
+@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
+def test_sampled_waves_reproduce_with_a_fixed_generator(target, bucketed):
+    ids, mask = left_padded_prompts(8, seed=33)
+    draft = make_draft(target, "mix")
+    outs = []
+    for _ in range(2):
+        spec = hf_specdec.SpecConfig(num_speculative_tokens=K, block_size=BLOCK, cache_tokens=two_rows_budget(mask),
+                                     bucketed=bucketed, generator=torch.Generator().manual_seed(7))
+        outs.append(target.generate(input_ids=ids, attention_mask=mask, do_sample=True, top_k=0, max_new_tokens=NEW,
+                                    assistant_model=draft, spec_config=spec, pad_token_id=0, eos_token_id=None))
+    assert torch.equal(outs[0], outs[1])
+    assert outs[0].shape == (8, ids.shape[1] + NEW)
+
+
+@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
+def test_row_larger_than_the_budget_fails_before_decoding(target, bucketed):
+    ids, mask = left_padded_prompts(3, seed=32)  # row 0: an 11-token prompt, needs 11 + 16 + 4 = 31 tokens
+    forwards = []
+    handle = target.register_forward_hook(lambda *_: forwards.append(1))
+    try:
+        with pytest.raises(hf_specdec.CacheBudgetError, match=r"row 0 .* needs 32 cache tokens.*cache_tokens \(now 24\)"
+                                                              r".*at least 32 tokens"):
+            target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW,
+                            assistant_model=make_draft(target, "mix"),
+                            spec_config=hf_specdec.SpecConfig(num_speculative_tokens=K, block_size=BLOCK,
+                                                              cache_tokens=24, bucketed=bucketed))
+    finally:
+        handle.remove()
+    assert not forwards
+
+
+@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
+def test_sampling_under_a_budget_follows_the_target(pair, bucketed):  # noqa: F811
+    """N rows, a third of them at a time: tokens 2 and 3 still follow the target's joint law."""
+    target, draft = pair
+    prompt = torch.tensor([[3, 1, 4, 1, 5]])
+    rows_at_once = N // 3
+    spec = hf_specdec.SpecConfig(num_speculative_tokens=2, generator=torch.Generator().manual_seed(0),
+                                 cache_tokens=rows_at_once * 16, bucketed=bucketed)  # one 16-token block a row
+    out = target.generate(input_ids=prompt.expand(N, -1), assistant_model=draft, do_sample=True, top_k=0,
+                          max_new_tokens=3, spec_config=spec, return_dict_in_generate=True)
+    m = out.spec_metrics
+    assert m.num_drafts <= rows_at_once * m.num_rounds and m.num_rounds >= 3  # it did run in waves
+    t2, t3 = out.sequences[:, 6], out.sequences[:, 7]
+    counts = torch.bincount(t2 * V + t3, minlength=V * V).double()
+    assert chi_square_pvalue(counts, exact_joint_23(target, prompt)) > 1e-3
