@@ -128,7 +128,8 @@ def speculative_generate(
                 scores = logits(raw, batch.tokens, *batch.history_lens(rows, k_round + 1))
             with timer("verify_seconds"):
                 if proposal is None:  # k = 0: a plain decoding step
-                    emitted, num_accepted = choose_tokens(scores, do_sample, gen)[0][:, None], torch.zeros(len(rows), dtype=torch.long, device=batch.device)
+                    emitted = choose_tokens(scores, do_sample, gen)[0][:, None]
+                    num_accepted = torch.zeros(len(rows), dtype=torch.long, device=batch.device)
                 else:
                     emitted, num_accepted = verifier(proposal, scores)
             counts = proposal.counts if proposal is not None and proposal.counts is not None else None

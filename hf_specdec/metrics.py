@@ -68,7 +68,8 @@ class SpecMetrics:
         self.num_accepted_tokens += accepted
         width = max(len(self.accepted_per_position), len(per_position))
         old = self.accepted_per_position + [0] * (width - len(self.accepted_per_position))
-        self.accepted_per_position = [a + b for a, b in zip(old, list(per_position) + [0] * (width - len(per_position)))]
+        new = list(per_position) + [0] * (width - len(per_position))
+        self.accepted_per_position = [a + b for a, b in zip(old, new)]
 
     @property
     def decode_seconds(self) -> float:
@@ -77,7 +78,8 @@ class SpecMetrics:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.update(acceptance_rate=self.acceptance_rate, match_fraction=self.match_fraction, mean_acceptance_length=self.mean_acceptance_length,
+        d.update(acceptance_rate=self.acceptance_rate, match_fraction=self.match_fraction,
+                 mean_acceptance_length=self.mean_acceptance_length,
                  acceptance_per_position=self.acceptance_per_position, decode_seconds=self.decode_seconds)
         return d
 
