@@ -140,11 +140,19 @@ def aggregate_metrics(dicts: list[dict]) -> dict:
         return {}
     agg = {}
     for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_rounds", "num_emitted_tokens",
-                "propose_seconds", "score_seconds", "verify_seconds", "prefill_seconds", "round_seconds",
-                "total_seconds", "warmup_seconds", "decode_seconds"):
+                "num_row_rounds", "propose_seconds", "score_seconds", "verify_seconds", "prefill_seconds",
+                "round_seconds", "total_seconds", "warmup_seconds", "decode_seconds"):
         vals = [d.get(key) for d in dicts if d.get(key) is not None]
         if vals:
             agg[key] = sum(vals)
+    if any(d.get("k_histogram") for d in dicts):  # rounds per chosen k (adaptive speculation length)
+        hist: dict = {}
+        for d in dicts:
+            for k, n in (d.get("k_histogram") or {}).items():
+                hist[int(k)] = hist.get(int(k), 0) + n
+        agg["k_histogram"] = dict(sorted(hist.items()))
+    if agg.get("num_row_rounds"):
+        agg["match_fraction"] = agg.get("num_drafts", 0) / agg["num_row_rounds"]
     if all(d.get("accepted_per_position") is not None for d in dicts):
         n = max(len(d["accepted_per_position"]) for d in dicts)
         counts = [0.0] * n

@@ -41,7 +41,9 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import Timer, find_humaneval, load_pair, pick_device, pick_dtype, read_jsonl  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    Timer, aggregate_metrics, find_humaneval, load_pair, pick_device, pick_dtype, read_jsonl,
+)
 from benchmarks.e2e_spec import bucket_warmups  # noqa: E402
 from benchmarks.strategies_report import plot, summarise  # noqa: E402
 
@@ -129,27 +131,14 @@ class Runner:
                          tokens=tokens, tokens_per_s=tokens / seconds,
                          sequences=[o.sequences[:, prompt_len:].tolist() for o in outs])
             if metrics:
-                entry["spec_metrics"] = merge_metrics(metrics)
+                entry["spec_metrics"] = {**aggregate_metrics(metrics),
+                                         "fast_path": sorted({m["fast_path"] for m in metrics})}
         except Exception as exc:  # a failing row is reported, the run goes on
             entry["error"] = f"{type(exc).__name__}: {exc}"
         self.rows.append(entry)
         print(f"[row] {section:4s} b={b:3d} {name:18s} "
               + (f"{entry['tokens_per_s']:9.1f} tok/s" if "tokens_per_s" in entry else entry.get("error", "")),
               flush=True)
-
-
-def merge_metrics(ms):
-    out = {key: sum(m[key] for m in ms) for key in ("num_rounds", "num_drafts", "num_draft_tokens",
-                                                    "num_accepted_tokens", "num_row_rounds", "warmup_seconds")}
-    hist = {}
-    for m in ms:
-        for k, n in m["k_histogram"].items():
-            hist[int(k)] = hist.get(int(k), 0) + n
-    out["k_histogram"] = dict(sorted(hist.items()))
-    out["acceptance_rate"] = out["num_accepted_tokens"] / out["num_draft_tokens"] if out["num_draft_tokens"] else 0.0
-    out["match_fraction"] = out["num_drafts"] / out["num_row_rounds"] if out["num_row_rounds"] else 0.0
-    out["fast_path"] = sorted({m["fast_path"] for m in ms})
-    return out
 
 
 def run(args, r: Runner, sets):

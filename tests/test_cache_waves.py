@@ -14,7 +14,7 @@ import torch
 import hf_specdec
 from hf_specdec.cache import blocks_for
 from models import left_padded_prompts, make_draft, make_model
-from test_sampling_exact import N, V, chi_square_pvalue, exact_joint_23, pair  # noqa: F401 (pair: fixture)
+from test_sampling_exact import N, V, chi_square_pvalue, exact_joint_23, joint_23_counts, pair  # noqa: F401 (pair: fixture)
 
 BLOCK = 4
 K = 3
@@ -93,6 +93,5 @@ def test_sampling_under_a_budget_follows_the_target(pair, bucketed):  # noqa: F8
                           max_new_tokens=3, spec_config=spec, return_dict_in_generate=True)
     m = out.spec_metrics
     assert m.num_drafts <= rows_at_once * m.num_rounds and m.num_rounds >= 3  # it did run in waves
-    t2, t3 = out.sequences[:, 6], out.sequences[:, 7]
-    counts = torch.bincount(t2 * V + t3, minlength=V * V).double()
+    counts = joint_23_counts(out.sequences, prompt.shape[1], V)
     assert chi_square_pvalue(counts, exact_joint_23(target, prompt)) > 1e-3

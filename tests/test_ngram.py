@@ -10,7 +10,7 @@ import hf_specdec
 from hf_specdec.kernels import ngram_drafts, ngram_drafts_reference
 from hf_specdec.strategies import verifier as verifier_module
 from models import VOCAB, left_padded_prompts, make_model
-from test_sampling_exact import V, chi_square_pvalue, exact_joint_23, wrong_rejection_sample
+from test_sampling_exact import V, chi_square_pvalue, exact_joint_23, joint_23_counts, wrong_rejection_sample
 
 MAX_NEW = 17
 
@@ -136,9 +136,7 @@ def ngram_joint_23(target, prompt, bucketed, n=6000):
                                  generator=torch.Generator().manual_seed(0))
     out = target.generate(input_ids=prompt.expand(n, -1), do_sample=True, top_k=0, max_new_tokens=3,
                           spec_config=spec, return_dict_in_generate=True)
-    L = prompt.shape[1]
-    counts = torch.bincount(out.sequences[:, L + 1] * V + out.sequences[:, L + 2], minlength=V * V).double()
-    return counts, out.spec_metrics
+    return joint_23_counts(out.sequences, prompt.shape[1], V), out.spec_metrics
 
 
 @pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])

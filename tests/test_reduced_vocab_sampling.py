@@ -7,7 +7,6 @@ test must reject a sampler that makes the classic reduced-vocabulary mistake: dr
 recovered token from the residual restricted to the draft's own (kept) tokens. The Triton
 rejection kernel must equal its reference on such draft probabilities (zeros outside the set).
 """
-import itertools
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
@@ -20,7 +19,7 @@ from hf_specdec import kernels
 from hf_specdec.kernels import draw_acceptance_noise, rejection_sample_reference
 from hf_specdec.reduced_vocab import ReducedVocabHead, reduce_vocab
 from models import make_model
-from test_sampling_exact import N, chi_square_pvalue
+from test_sampling_exact import N, chi_square_pvalue, exact_joint_23, joint_23_counts
 
 V = 8
 KEPT = torch.tensor([1, 4, 6])
@@ -37,24 +36,12 @@ def pair():
     return target, draft
 
 
-def exact_joint_23(target, prompt):
-    """P(t2, t3) = sum_t1 p(t1) p(t2|t1) p(t3|t1,t2) from plain target forwards."""
-    prefixes = torch.tensor(list(itertools.product(range(V), repeat=2)))
-    with torch.no_grad():
-        p = torch.softmax(target(torch.cat([prompt.expand(len(prefixes), -1), prefixes], 1)).logits.double(), -1)
-    L = prompt.shape[1]
-    p3 = p[:, L + 1].reshape(V, V, V)
-    return torch.einsum("a,ab,abc->bc", p[0, L - 1], p[:, L].reshape(V, V, V)[:, 0], p3).reshape(-1)
-
-
 def sample_joint_23(target, draft, bucketed):
     gen = torch.Generator().manual_seed(0)
     spec = hf_specdec.SpecConfig(num_speculative_tokens=2, generator=gen, bucketed=bucketed)
     out = target.generate(input_ids=PROMPT.expand(N, -1), assistant_model=draft, do_sample=True, top_k=0,
                           max_new_tokens=3, spec_config=spec, return_dict_in_generate=True)
-    L = PROMPT.shape[1]
-    counts = torch.bincount(out.sequences[:, L + 1] * V + out.sequences[:, L + 2], minlength=V * V).double()
-    return counts, out.spec_metrics
+    return joint_23_counts(out.sequences, PROMPT.shape[1], V), out.spec_metrics
 
 
 def kept_only_rejection_sample(draft_ids, cu, draft_probs, target_probs, is_greedy, k, generators=None, **kw):

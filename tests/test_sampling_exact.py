@@ -32,7 +32,8 @@ def pair():
 
 
 def exact_joint_23(target, prompt):
-    """P(t2, t3) = sum_t1 p(t1) p(t2|t1) p(t3|t1,t2) from plain target forwards."""
+    """P(t2, t3) = sum_t1 p(t1) p(t2|t1) p(t3|t1,t2) from plain target forwards (any small vocabulary)."""
+    V = target.config.vocab_size
     prefixes = torch.tensor(list(itertools.product(range(V), repeat=2)))
     ids = torch.cat([prompt.expand(len(prefixes), -1), prefixes], dim=1)
     with torch.no_grad():
@@ -50,10 +51,13 @@ def sample_joint_23(target, draft, prompt, seed, bucketed=None):
     spec = hf_specdec.SpecConfig(num_speculative_tokens=2, generator=gen, bucketed=bucketed)
     out = target.generate(input_ids=prompt.expand(N, -1), assistant_model=draft, do_sample=True, top_k=0,
                           max_new_tokens=3, spec_config=spec, return_dict_in_generate=True)
-    L = prompt.shape[1]
-    t2, t3 = out.sequences[:, L + 1], out.sequences[:, L + 2]
-    counts = torch.bincount(t2 * V + t3, minlength=V * V).double()
-    return counts, out.spec_metrics
+    return joint_23_counts(out.sequences, prompt.shape[1], V), out.spec_metrics
+
+
+def joint_23_counts(sequences, prompt_len, vocab):
+    """Counts of each (t2, t3) pair of generated tokens, flattened like ``exact_joint_23``."""
+    t2, t3 = sequences[:, prompt_len + 1], sequences[:, prompt_len + 2]
+    return torch.bincount(t2 * vocab + t3, minlength=vocab * vocab).double()
 
 
 def chi_square_pvalue(counts, probs):

@@ -9,7 +9,7 @@ import torch
 import hf_specdec
 from hf_specdec.strategies.speculation_length import SpeculationLength
 from models import left_padded_prompts, make_draft, make_model
-from test_sampling_exact import chi_square_pvalue, exact_joint_23, pair  # noqa: F401 (fixture)
+from test_sampling_exact import chi_square_pvalue, exact_joint_23, joint_23_counts, pair  # noqa: F401 (fixture)
 
 MAX_NEW = 19
 
@@ -120,8 +120,7 @@ def test_changing_k_keeps_the_sampling_law(scripted, pair, bucketed):  # noqa: F
     n = 6000
     out = target.generate(input_ids=prompt.expand(n, -1), assistant_model=draft, do_sample=True, top_k=0,
                           max_new_tokens=3, spec_config=spec, return_dict_in_generate=True)
-    L = prompt.shape[1]
-    counts = torch.bincount(out.sequences[:, L + 1] * 6 + out.sequences[:, L + 2], minlength=36).double()
+    counts = joint_23_counts(out.sequences, prompt.shape[1], target.config.vocab_size)
     assert out.spec_metrics.k_histogram.get(0, 0) >= 1
     assert chi_square_pvalue(counts, exact_joint_23(target, prompt)) > 1e-3
 
