@@ -4,7 +4,8 @@ Random Llama models, fp32 (must be identical) and bf16 (reported), for the eager
 runner with CUDA graphs, and graphs + torch.compile; batch 1, 3 and 32 with left padding
 and an EOS id that rows hit at different rounds; a second identical call must capture
 nothing (zero warm-up; with a fixed k: adaptive rounds may reach a bucket the first call did not).
-Also the adaptive-k and n-gram fast paths, and a sampled run per path (reported only). One line per case;
+Also the adaptive-k and n-gram fast paths, a sampled run per path (reported only), and on the
+graph paths a seeded sampled call that captures against two later calls that replay (must agree). One line per case;
 exit status 1 if an fp32 case differs or a repeated call warms up again. ``--cache-rows N``
 gives the caches a budget of N rows at a time, so rows start in waves as others finish.
 
@@ -52,6 +53,19 @@ def prompts(batch):
     return ids, mask
 
 
+def seeded_runs_agree(target, draft, ids, mask, name):
+    """A sampled call with a seeded generator that captures its graphs emits what the same seed
+    emits on a later call that only replays them."""
+    gen = torch.Generator("cuda")
+    spec = hf_specdec.SpecConfig(num_speculative_tokens=4, generator=gen, **PATHS[name])
+    outs = []
+    for _ in range(3):
+        gen.manual_seed(1234)
+        outs.append(target.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=32, top_k=0,
+                                    assistant_model=draft, spec_config=spec, pad_token_id=0))
+    return all(torch.equal(outs[0], o) for o in outs[1:])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--paths", default="eager,graphs,compile,adaptive,ngram")
@@ -90,12 +104,15 @@ def main():
                 sampled = target.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=32,
                                           assistant_model=assist, spec_config=spec, return_dict_in_generate=True,
                                           top_k=0)
+                seeded = seeded_runs_agree(target, assist, ids, mask, name) if name in ("graphs", "compile") else None
                 print(f"{str(dtype):15s} b={batch:3d} {name:8s} [{m.fast_path}] identical {same:.3f} "
                       f"acc {m.acceptance_rate:.2f} rounds {m.num_rounds} first {times[0]:.2f}s (warm-up {warm[0]:.2f}s) "
                       f"second {times[1]:.3f}s (warm-up {warm[1]:.2f}s) sampled-acc "
                       f"{sampled.spec_metrics.acceptance_rate:.2f} [{sampled.spec_metrics.fast_path}] "
-                      f"k {m.k_histogram}", flush=True)
+                      f"k {m.k_histogram}" + ("" if seeded is None else f" seeded-repeat {seeded}"), flush=True)
                 if dtype == torch.float32 and same < 1.0:
+                    ok = False
+                if seeded is False:
                     ok = False
                 if name in ("graphs", "compile") and warm[1] > 0:
                     ok = False

@@ -4,7 +4,9 @@ A stage is a function of a ``BucketState`` that writes its results in place. Cap
 it once on a side stream first (the warm-up CUDA graphs need, and the moment a compiled
 model compiles for this shape), then restores every buffer the warm-up wrote so that
 capturing does not advance the decoding, then records it. K/V written by the warm-up sit
-at positions the real replay rewrites before anything reads them.
+at positions the real replay rewrites before anything reads them. A user generator's state
+is restored too: the warm-up draws from it, and a seeded call that captures must emit what
+a later call with the same seed (replaying only) emits.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ class StageGraph:
         self.capture_seconds = 0.0
         start = time.perf_counter()
         saved = [t.clone() for t in buffers]
+        drawn_from = generator.get_state() if generator is not None else None
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -29,6 +32,8 @@ class StageGraph:
         torch.cuda.current_stream().wait_stream(side)
         for t, s in zip(buffers, saved):
             t.copy_(s)
+        if generator is not None:
+            generator.set_state(drawn_from)
         if generator is not None and generator.device.type == "cuda":
             self.graph.register_generator_state(generator)
         with torch.cuda.graph(self.graph):
