@@ -151,6 +151,9 @@ def aggregate_metrics(dicts: list[dict]) -> dict:
             for k, n in (d.get("k_histogram") or {}).items():
                 hist[int(k)] = hist.get(int(k), 0) + n
         agg["k_histogram"] = dict(sorted(hist.items()))
+    costs = [d["round_costs_ms"] for d in dicts if d.get("round_costs_ms")]
+    if costs:  # adaptive k: the round costs the policy used, as it saw them at the end of the last call
+        agg["round_costs_ms"] = costs[-1]
     if agg.get("num_row_rounds"):
         agg["match_fraction"] = agg.get("num_drafts", 0) / agg["num_row_rounds"]
     if all(d.get("accepted_per_position") is not None for d in dicts):

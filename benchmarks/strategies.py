@@ -91,6 +91,16 @@ def batches(tok, texts, b, n, max_len, device):
     return [(ids[i:i + b], mask[i:i + b]) for i in range(0, n, b)]
 
 
+def _policy_view(m: dict) -> str:
+    """Adaptive rows: the k chosen per round and the round costs (ms) of the largest bucket."""
+    if not m.get("round_costs_ms"):
+        return ""
+    costs = m["round_costs_ms"]
+    bucket = max(costs, key=int)
+    return (f"  k {m.get('k_histogram')}  ms per round at b={bucket}: "
+            + " ".join(f"{c:.2f}" for c in costs[bucket].values()))
+
+
 class Runner:
     def __init__(self, args, device, tok, target, draft, useless):
         self.args, self.device, self.tok = args, device, tok
@@ -137,8 +147,8 @@ class Runner:
             entry["error"] = f"{type(exc).__name__}: {exc}"
         self.rows.append(entry)
         print(f"[row] {section:4s} b={b:3d} {name:18s} "
-              + (f"{entry['tokens_per_s']:9.1f} tok/s" if "tokens_per_s" in entry else entry.get("error", "")),
-              flush=True)
+              + (f"{entry['tokens_per_s']:9.1f} tok/s" if "tokens_per_s" in entry else entry.get("error", ""))
+              + _policy_view(entry.get("spec_metrics", {})), flush=True)
 
 
 def run(args, r: Runner, sets):

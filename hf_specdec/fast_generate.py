@@ -44,6 +44,10 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
         bucket = runner.state.size
         if policy.adaptive and bucket not in captured:  # any k may come next: no capture inside timed rounds
             runner.capture(range(spec.k + 1))
+            if runner.key.graphs and not policy.has_costs(bucket):
+                for k, seconds in runner.time_rounds(range(spec.k + 1)).items():
+                    for sample in seconds:
+                        policy.record_cost(bucket, k, sample)
             captured.add(bucket)
         warm = runner.warmup_seconds
         live_rows = [r for r in rows if r is not None]

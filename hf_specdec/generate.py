@@ -103,7 +103,7 @@ def speculative_generate(
         with paged_attention_enabled(*((model,) if draft is None else (model, draft))):
             run_fast(runner, batch, spec, logits, committer, request.eos_token_ids, metrics, timer, admission,
                      policy)
-        policy.end_call()
+        policy.end_call(metrics)
         metrics.warmup_seconds = runner.warmup_seconds
         return _finish(batch, request, generation_config, committer, metrics, start, group)
 
@@ -145,6 +145,7 @@ def speculative_generate(
                 proposer.update_candidate_strategy(batch, rows, accepted)
             scorer.update_after_verify(batch, rows, accepted)
             running.release(committer.commit(batch, rows, runs, scores, raw, k_round + 1))
+    policy.end_call(metrics)
     add_padding_steps(model, batch, committer, logits, request.pad_token_id, request.vocab_size)  # output_scores
     return _finish(batch, request, generation_config, committer, metrics, start, group)
 

@@ -27,6 +27,7 @@ class SpecMetrics:
     round_seconds: float = 0.0
     total_seconds: float = 0.0
     k_histogram: dict = field(default_factory=dict)  # k -> rounds that proposed k tokens
+    round_costs_ms: dict = field(default_factory=dict)  # adaptive k: bucket -> k -> a round's cost it used
     num_row_rounds: int = 0  # live rows summed over rounds
     fast_path: str = ""  # "graphs+compile", "graphs", "bucketed" or "eager: <reason>"
     warmup_seconds: float = 0.0  # graph capture and compilation inside this call

@@ -161,3 +161,35 @@ def test_a_dip_is_retried_but_a_useless_draft_is_not():
     for _ in range(6):
         useless.observe(1, 4, None, [(0, 0, 4)])
     assert zero_rounds_until_drafting(useless) is None
+
+
+def test_one_stalled_round_does_not_price_a_length_out():
+    """Costs are the median of recent clean rounds: one round that met a host stall (a collector pause,
+    a lazy load) leaves the choice as it was."""
+    policy = SpeculationLength(4, True, "draft")
+    for _ in range(3):
+        measured(policy, 1, {0: 1.0, 1: 1.2, 2: 1.4, 3: 1.6, 4: 1.8})
+    for _ in range(10):
+        policy.observe(1, 4, None, [(0, 3, 4)])
+    k = policy.choose(1, [0], [100])
+    assert k > 0
+    policy.observe(1, k, 500.0, [(0, min(k, 3), k)])
+    assert policy.choose(1, [0], [100]) == k
+    assert policy.cost(1, k) < 2.0
+
+
+def test_rows_seen_first_in_choose_start_from_the_prior():
+    policy = SpeculationLength(3, True, "draft", {"acceptance": 0.9})
+    measured(policy, 8, {0: 1.0, 3: 1.2})
+    assert policy.choose(8, [5, 6], [50, 50]) == 3  # rows never observed: prior 0.9, long rounds pay
+    assert abs(policy.acceptance(6) - 0.9) < 1e-9
+
+
+def test_the_costs_used_are_reported():
+    target = hf_specdec.enable(make_model("llama", seed=5))
+    ids, mask = left_padded_prompts(2, seed=1)
+    out = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=12,
+                          assistant_model=make_draft(target, "full"), return_dict_in_generate=True,
+                          spec_config=hf_specdec.SpecConfig(num_speculative_tokens=3, adaptive=True))
+    costs = out.spec_metrics.round_costs_ms
+    assert list(costs) == [2] and sorted(costs[2]) == [0, 1, 2, 3] and all(c > 0 for c in costs[2].values())

@@ -189,6 +189,27 @@ class SpecRunner:
             if self.spec.method == "draft" and self.spec.k and self._catch_up_graph_fits():
                 self._catch_up_graph()
 
+    def time_rounds(self, ks, repeats: int = 3) -> dict[int, list[float]]:
+        """Wall seconds of whole rounds of each k (graph replays and the round's sync) at the current bucket,
+        the state restored after each: clean costs for the speculation-length policy before any real round
+        (a host stall inside one real round would otherwise price that k out)."""
+        s = self.state
+        saved = [t.clone() for t in s.tensors()]
+        times: dict[int, list[float]] = {}
+        for k in ks:
+            graphs = [graph for _, graph in self._stages(k)]
+            times[k] = []
+            for rep in range(repeats + 1):  # the first replay warms caches and is dropped
+                start = time.perf_counter()
+                for graph in graphs:
+                    graph()
+                self.read()
+                if rep:
+                    times[k].append(time.perf_counter() - start)
+                for t, v in zip(s.tensors(), saved):
+                    t.copy_(v)
+        return times
+
     def _catch_up(self) -> bool:
         """Feed the draft model the tokens of its rounds of k = 0: every CATCH_UP such rounds, and before a
         round that drafts. A graph of CATCH_UP tokens per row (re-feeding cached tokens rewrites identical

@@ -18,24 +18,30 @@ instead picked long rounds that the fastest rows enjoyed while the slowest set t
   rows, or before that the acceptance of earlier calls (else 0.5). Rounds of k = 0 say
   nothing about the draft, so during them the counts decay faster toward the prior: a row
   whose draft dipped on hard text is retried, while a useless draft (prior near 0) is not.
-* ``c(B, k)``: the wall time of rounds of that bucket and k on this machine (graph
-  replays: stable), kept across calls by the caller. Until ``k_max`` and ``0`` are both
-  measured for a bucket, the policy tries them; other k are interpolated linearly from
-  the measured ones until tried.
+* ``c(B, k)``: the wall time of rounds of that bucket and k on this machine, the median of
+  the last few clean measurements (graph replays are steady; a host stall in one round
+  must not price a k out for good). The runner times every k's round when it captures a
+  bucket; the eager path learns them from its rounds: until ``k_max`` and ``0`` are both
+  measured for a bucket, the policy tries them, and other k are interpolated linearly.
 * After a run of k = 0 the policy probes k > 0 once (after 16, 32, 64 ... 256 rounds, a
   schedule kept across calls) so that a draft which starts to agree again is noticed.
+* The host work per round is a few array operations over rows x k (numpy), not Python loops:
+  at batch 32 a round lasts about 2 ms and per-row Python cost a tenth of it (H100).
 
 Buckets fix the shape of a round, so k is one number per round.
 """
 from __future__ import annotations
 
 from collections import Counter
+from statistics import median
 from typing import Optional
+
+import numpy as np
 
 _DECAY = 0.97  # weight of older rounds in a row's acceptance counts (a short memory chases noise)
 _PRIOR_WEIGHT = 4.0  # pseudo-rounds of the prior
 _IDLE_DECAY = 0.9  # per round of k = 0: estimates drift back to the prior (an H100 run stuck at 0 after dips)
-_COST_EMA = 0.3  # weight of the newest measurement of a round's cost
+_COST_SAMPLES = 7  # clean measurements of a round's cost kept (their median is the cost)
 _FIRST_PROBE = 16
 _MAX_PROBE = 256
 
@@ -46,12 +52,13 @@ class SpeculationLength:
         probing schedule. A fresh dict starts from nothing."""
         self.k_max, self.adaptive, self.method = k_max, adaptive, method
         self.memory = memory if memory is not None else {}
-        self.costs = self.memory.setdefault("costs", {})  # (bucket, k) -> seconds
+        self.costs = self.memory.setdefault("costs", {})  # (bucket, k) -> recent clean seconds
         prior = self.memory.get("acceptance")
         self.call_prior = 0.5 if prior is None else prior
         self.seen = [0.0, 0.0]  # this call's accepted drafts and rejections over all rows (not decayed)
-        self.rows: dict[int, list[float]] = {}  # row -> [accepted, rejected, matched, unmatched] (decayed)
+        self.stats = np.zeros((0, 4))  # per call row: accepted, rejected, matched, unmatched (decayed)
         self.histogram: Counter = Counter()
+        self._tables: dict[int, np.ndarray] = {}  # bucket -> cost_table, until a new measurement
         self.memory.setdefault("zero_streak", 0)
         self.memory.setdefault("probe_every", _FIRST_PROBE)
 
@@ -67,9 +74,8 @@ class SpeculationLength:
         for k in (self.k_max, 0):  # both ends measured first
             if (bucket, k) not in self.costs:
                 return k
-        rounds_left = self.bottleneck_rounds(rows, remaining)
-        rates = [1.0 / (self.cost(bucket, k) * rounds_left[k]) for k in range(self.k_max + 1)]
-        best = max(range(self.k_max + 1), key=rates.__getitem__)
+        rates = 1.0 / (self.cost_table(bucket) * self.bottleneck_rounds(rows, remaining))
+        best = int(np.argmax(rates))
         mem = self.memory
         if best > 0:
             mem["zero_streak"], mem["probe_every"] = 0, _FIRST_PROBE
@@ -78,20 +84,15 @@ class SpeculationLength:
         if mem["zero_streak"] < mem["probe_every"]:
             return 0
         mem["zero_streak"], mem["probe_every"] = 0, min(mem["probe_every"] * 2, _MAX_PROBE)
-        return max(range(1, self.k_max + 1), key=rates.__getitem__)
+        return 1 + int(np.argmax(rates[1:]))
 
-    def bottleneck_rounds(self, rows: list[int], remaining: list[int]) -> list[float]:
+    def bottleneck_rounds(self, rows: list[int], remaining: list[int]) -> np.ndarray:
         """For k = 0..k_max: rounds the slowest row still needs, ``max_rows remaining / E_row(k)``."""
-        worst = [1.0] * (self.k_max + 1)
-        for r, left in zip(rows, remaining):
-            a, m, left = self.acceptance(r), self.match_rate(r), max(left, 1)
-            power, run = 1.0, 0.0
-            worst[0] = max(worst[0], float(left))
-            for k in range(1, self.k_max + 1):
-                power *= a
-                run += power
-                worst[k] = max(worst[k], left / min(1.0 + m * run, left))
-        return worst
+        left = np.maximum(np.asarray(remaining, dtype=np.float64), 1.0)[:, None]
+        a, m = self._acceptance(rows)[:, None], self._match_rate(rows)[:, None]
+        runs = np.cumsum(a ** np.arange(1, self.k_max + 1), axis=1)  # a + a^2 + ... + a^k
+        emitted = np.minimum(np.concatenate([np.ones_like(a), 1.0 + m * runs], axis=1), left)
+        return np.maximum((left / emitted).max(axis=0), 1.0)
 
     @property
     def prior(self) -> float:
@@ -100,51 +101,101 @@ class SpeculationLength:
         p = acc / (acc + rej) if acc + rej >= 4 else self.call_prior
         return min(max(p, 0.02), 0.98)
 
+    def _rows(self, rows) -> np.ndarray:
+        """The stats of these rows (grown with zeros for rows not seen yet)."""
+        index = np.asarray(rows, dtype=np.int64)
+        if index.size and index.max() >= len(self.stats):
+            self.stats = np.concatenate([self.stats, np.zeros((int(index.max()) + 1 - len(self.stats), 4))])
+        return index
+
+    def _acceptance(self, rows) -> np.ndarray:
+        index = self._rows(rows)  # first: it may grow the stats
+        st = self.stats[index]
+        return (st[:, 0] + _PRIOR_WEIGHT * self.prior) / (st[:, 0] + st[:, 1] + _PRIOR_WEIGHT)
+
+    def _match_rate(self, rows) -> np.ndarray:
+        index = self._rows(rows)
+        st = self.stats[index]
+        if self.method != "ngram":
+            return np.ones(len(st))
+        return (st[:, 2] + _PRIOR_WEIGHT * 0.5) / (st[:, 2] + st[:, 3] + _PRIOR_WEIGHT)
+
     def acceptance(self, row: int) -> float:
-        acc, rej, *_ = self.rows.get(row, (0.0, 0.0, 0.0, 0.0))
-        return (acc + _PRIOR_WEIGHT * self.prior) / (acc + rej + _PRIOR_WEIGHT)
+        return float(self._acceptance([row])[0])
 
     def match_rate(self, row: int) -> float:
-        if self.method != "ngram":
-            return 1.0
-        *_, hit, miss = self.rows.get(row, (0.0, 0.0, 0.0, 0.0))
-        return (hit + _PRIOR_WEIGHT * 0.5) / (hit + miss + _PRIOR_WEIGHT)
+        return float(self._match_rate([row])[0])
 
     def cost(self, bucket: int, k: int) -> float:
-        """Measured seconds of a round, or a line through the measured ones (k >= 1 preferred)."""
-        measured = {j: c for (b, j), c in self.costs.items() if b == bucket}
-        if k in measured:
-            return measured[k]
-        points = sorted((j, c) for j, c in measured.items() if j >= 1)
+        return float(self.cost_table(bucket)[k])
+
+    def cost_table(self, bucket: int) -> np.ndarray:
+        table = self._tables.get(bucket)
+        if table is None:
+            table = self._tables[bucket] = self._cost_table(bucket)
+        return table
+
+    def _cost_table(self, bucket: int) -> np.ndarray:
+        """Seconds of a round of k = 0..k_max: measured ones (median), others on a line through them
+        (through the measured k >= 1 where two exist: a round that drafts pays for the draft)."""
+        measured = {k: median(c) for (b, k), c in self.costs.items() if b == bucket and k <= self.k_max}
+        points = sorted((k, c) for k, c in measured.items() if k >= 1)
         if len(points) < 2:
             points = sorted(measured.items())
+        ks = np.arange(self.k_max + 1, dtype=np.float64)
+        if not points:
+            return np.ones(self.k_max + 1)
         (k0, c0), (k1, c1) = points[0], points[-1]
         slope = (c1 - c0) / (k1 - k0) if k1 != k0 else 0.0
-        return max(c0 + slope * (k - k0), 1e-9)
+        table = np.maximum(c0 + slope * (ks - k0), 1e-9)
+        for k, c in measured.items():
+            table[k] = c
+        return table
+
+    def has_costs(self, bucket: int) -> bool:
+        """Every k of this bucket measured (in this call or an earlier one)."""
+        return all((bucket, k) in self.costs for k in range(self.k_max + 1))
+
+    def record_cost(self, bucket: int, k: int, seconds: float) -> None:
+        """One clean measurement of a round of ``k`` at ``bucket`` rows."""
+        self._tables.pop(bucket, None)
+        samples = self.costs.setdefault((bucket, k), [])
+        samples.append(seconds)
+        del samples[:-_COST_SAMPLES]
 
     def observe(self, bucket: int, k: int, seconds: Optional[float], verdicts: list[tuple[int, int, int]]) -> None:
         """After a round: its wall time (None when it included capture or compilation) and, per live row,
         ``(row, accepted, count)`` (count: drafts the row really proposed)."""
         if seconds is not None:
-            old = self.costs.get((bucket, k))
-            self.costs[(bucket, k)] = seconds if old is None else (1 - _COST_EMA) * old + _COST_EMA * seconds
-        if k == 0:  # no verdicts: each row's estimate relaxes toward the prior, so a dip is retried
-            for row, *_ in verdicts:
-                if row in self.rows:
-                    self.rows[row] = [x * _IDLE_DECAY for x in self.rows[row]]
+            self.record_cost(bucket, k, seconds)
+        if not verdicts:
             return
-        for row, accepted, count in verdicts:
-            acc, rej, hit, miss = (x * _DECAY for x in self.rows.get(row, (0.0, 0.0, 0.0, 0.0)))
-            if count > 0:
-                acc, rej, hit = acc + accepted, rej + (accepted < count), hit + 1
-                self.seen[0] += accepted
-                self.seen[1] += accepted < count
-            else:
-                miss += 1
-            self.rows[row] = [acc, rej, hit, miss]
+        v = np.asarray(verdicts, dtype=np.int64).reshape(-1, 3)
+        index = self._rows(v[:, 0])
+        if k == 0:  # no verdicts: each row's estimate relaxes toward the prior, so a dip is retried
+            self.stats[index] *= _IDLE_DECAY
+            return
+        accepted, count = v[:, 1].astype(np.float64), v[:, 2]
+        drafted, rejected = count > 0, (v[:, 1] < count) & (count > 0)
+        st = self.stats[index] * _DECAY
+        st[:, 0] += np.where(drafted, accepted, 0.0)
+        st[:, 1] += rejected
+        st[:, 2] += drafted
+        st[:, 3] += ~drafted
+        self.stats[index] = st
+        self.seen[0] += float(accepted[drafted].sum())
+        self.seen[1] += float(rejected.sum())
 
-    def end_call(self) -> None:
-        """The acceptance seen in this call becomes the next call's prior (unchanged if nothing was drafted)."""
+    def cost_summary(self) -> dict:
+        """Milliseconds of a round per bucket and k as the policy sees them (for spec_metrics)."""
+        buckets = sorted({b for b, _ in self.costs})
+        return {b: {k: round(float(c) * 1e3, 3) for k, c in enumerate(self.cost_table(b))} for b in buckets}
+
+    def end_call(self, metrics=None) -> None:
+        """The acceptance seen in this call becomes the next call's prior (unchanged if nothing was drafted);
+        the round costs the policy used go to ``metrics.round_costs_ms``."""
+        if metrics is not None and self.adaptive:
+            metrics.round_costs_ms = self.cost_summary()
         acc, rej = self.seen
         if acc + rej:
             self.memory["acceptance"] = acc / (acc + rej)
