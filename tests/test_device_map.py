@@ -6,6 +6,9 @@
   output with the same generator (sampling), on both paths.
 * Where the last hidden states live is the final norm's device, not the embedding's
   (the bug of a target split over two GPUs); found from accelerate's hooks.
+* accelerate's hook on the whole model would send ``logits_to_keep`` to the first device (the
+  error of the two-GPU split): it passes the hook untouched during a paged forward, and the hook's
+  ``skip_keys`` are as before afterwards.
 * Paged-attention metadata is copied once per device and forward.
 * A model spread over devices other than the inputs' is refused CUDA graphs, with the reason.
 
@@ -48,6 +51,24 @@ def test_offloaded_target_runs_on_hook_devices(models):
     assert split.model.embed_tokens.weight.device.type == "meta" and split.model.norm.weight.device.type == "meta"
     assert input_device(split) == torch.device("cpu") and hidden_states_device(split) == torch.device("cpu")
     assert model_devices(split) == {torch.device("cpu")}
+
+
+def test_logits_to_keep_passes_the_top_hook_untouched(models, monkeypatch):
+    split, draft, _ = models
+    top = [h for h in getattr(split._hf_hook, "hooks", [split._hf_hook]) if isinstance(h, AlignDevicesHook)][0]
+    before, seen = top.skip_keys, []
+    original = top.pre_forward
+
+    def spy(module, *args, **kwargs):
+        seen.append((list(top.skip_keys or []), kwargs.get("logits_to_keep")))
+        return original(module, *args, **kwargs)
+
+    monkeypatch.setattr(top, "pre_forward", spy)
+    ids, mask = left_padded_prompts(2, seed=5)
+    _generate(split, draft, ids, mask, False, do_sample=False)
+    paged = [keys for keys, keep in seen if isinstance(keep, torch.Tensor)]
+    assert paged and all("logits_to_keep" in keys for keys in paged)
+    assert top.skip_keys == before
 
 
 @pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])

@@ -30,7 +30,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..kernels import paged_attention, write_kv_to_slots
-from .devices import hidden_states_device, input_device
+from .devices import hidden_states_device, input_device, kwargs_left_in_place
 
 ATTN_NAME = "hf_specdec_paged"
 PAGED_BATCH_KWARG = "hf_specdec_batch"
@@ -160,7 +160,7 @@ def paged_forward(model: PreTrainedModel, input_ids: torch.Tensor, batch, logits
     """One packed forward over ``input_ids`` ``(T,)``; returns fp32 logits of the rows ``logits_rows``.
     ``call``: what to invoke instead of ``model`` itself (its compiled version)."""
     device = input_device(model)
-    with _paged_implementation(model):
+    with _paged_implementation(model), kwargs_left_in_place(model, "logits_to_keep"):
         out = (call if call is not None else model)(
             input_ids=input_ids[None].to(device),
             position_ids=batch.positions[None].to(device),

@@ -9,13 +9,18 @@ another GPU than the embedding: indexing them with rows on the first device fail
 ("indices should be either on cpu or on the same device"). Everything else (paged-attention
 metadata) follows each layer's own device (``PagedBatch.on``).
 
+accelerate's hook on the whole model sends every tensor argument of its forward to the first
+device, ``logits_to_keep`` too (and so undoes the placement above): ``kwargs_left_in_place``
+names it among the hook's ``skip_keys`` for the length of one forward.
+
 A module whose weights accelerate offloads (to "cpu" or "disk") keeps them on "meta" and runs
 on its hook's ``execution_device``; that device is the one that counts.
 """
 from __future__ import annotations
 
+import contextlib
 import weakref
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 from torch import nn
@@ -25,10 +30,15 @@ def _as_device(device) -> torch.device:
     return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
 
 
+def _hooks(module: nn.Module) -> list:
+    """accelerate's hooks on ``module`` itself (a SequentialHook's parts), [] without one."""
+    hook = getattr(module, "_hf_hook", None)
+    return list(getattr(hook, "hooks", None) or ([hook] if hook is not None else []))
+
+
 def _hook_device(module: nn.Module) -> Optional[torch.device]:
     """The execution device of accelerate's hook on ``module`` (None without one)."""
-    hook = getattr(module, "_hf_hook", None)
-    for h in getattr(hook, "hooks", None) or ([hook] if hook is not None else []):
+    for h in _hooks(module):
         device = getattr(h, "execution_device", None)
         if device is not None:
             return _as_device(device)
@@ -107,3 +117,19 @@ def model_devices(model: nn.Module) -> set[torch.device]:
 def hidden_states_device(model: nn.Module) -> torch.device:
     """The device of the base model's last hidden states: where ``logits_to_keep`` must be."""
     return _placement(model).hidden
+
+
+@contextlib.contextmanager
+def kwargs_left_in_place(model: nn.Module, *names: str) -> Iterator[None]:
+    """The forward keyword arguments ``names`` pass accelerate's hook on ``model`` where they are
+    (its ``skip_keys``); the hook is as it was afterwards. No hook: nothing to do."""
+    hooks = [h for h in _hooks(model) if hasattr(h, "skip_keys")]
+    saved = [h.skip_keys for h in hooks]
+    try:
+        for h in hooks:
+            kept = [] if h.skip_keys is None else [h.skip_keys] if isinstance(h.skip_keys, str) else list(h.skip_keys)
+            h.skip_keys = kept + [n for n in names if n not in kept]
+        yield
+    finally:
+        for h, keys in zip(hooks, saved):
+            h.skip_keys = keys
