@@ -92,13 +92,17 @@ def batches(tok, texts, b, n, max_len, device):
 
 
 def _policy_view(m: dict) -> str:
-    """Adaptive rows: the k chosen per round and the round costs (ms) of the largest bucket."""
-    if not m.get("round_costs_ms"):
-        return ""
-    costs = m["round_costs_ms"]
-    bucket = max(costs, key=int)
-    return (f"  k {m.get('k_histogram')}  ms per round at b={bucket}: "
-            + " ".join(f"{c:.2f}" for c in costs[bucket].values()))
+    """Runner rows: host time per round outside the rounds (policy, bookkeeping); adaptive rows also the k
+    chosen per round and the round costs (ms) of the largest bucket."""
+    out = ""
+    if m.get("num_rounds") and m.get("decode_seconds") is not None:
+        out = f"  host {1e3 * (m['decode_seconds'] - m['round_seconds']) / m['num_rounds']:.3f} ms/round"
+    if m.get("round_costs_ms"):
+        costs = m["round_costs_ms"]
+        bucket = max(costs, key=int)
+        out += (f"  k {m.get('k_histogram')}  ms per round at b={bucket}: "
+                + " ".join(f"{c:.2f}" for c in costs[bucket].values()))
+    return out
 
 
 class Runner:

@@ -40,7 +40,7 @@ from .sampling import choose_tokens
 from .setup import build_caches, cache_budget, check_request
 from .strategies.draft_model import DraftModelProposer
 from .strategies.ngram import NgramProposer
-from .strategies.speculation_length import SpeculationLength
+from .strategies.speculation_length import GRAPH_HOLD_ROUNDS, SpeculationLength
 from .strategies.target_scorer import TargetScorer
 from .strategies.verifier import Verifier
 from .tensor_parallel import check_ranks_agree, lockstep_generator, lockstep_group
@@ -99,7 +99,8 @@ def speculative_generate(
         admission = Admission(batch, spec_config.block_size, blocks, hint)  # a row too large fails here
         runner.begin(batch, spec, path.logits.signature, request.vocab_size, path.graphs, path.compile,
                      spec_config.block_size, blocks, hint)
-        policy = SpeculationLength(k, adaptive, method, runner.policy_memory)
+        policy = SpeculationLength(k, adaptive, method, runner.policy_memory,
+                                   hold_rounds=GRAPH_HOLD_ROUNDS if path.graphs else 1)
         with paged_attention_enabled(*((model,) if draft is None else (model, draft))):
             run_fast(runner, batch, spec, logits, committer, request.eos_token_ids, metrics, timer, admission,
                      policy)

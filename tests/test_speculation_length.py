@@ -193,3 +193,26 @@ def test_the_costs_used_are_reported():
                           spec_config=hf_specdec.SpecConfig(num_speculative_tokens=3, adaptive=True))
     costs = out.spec_metrics.round_costs_ms
     assert list(costs) == [2] and sorted(costs[2]) == [0, 1, 2, 3] and all(c > 0 for c in costs[2].values())
+
+
+def test_a_held_decision_stands_for_its_rounds_of_the_same_shape(monkeypatch):
+    """On CUDA graphs a decision stands for a few rounds (the policy's host work delays the next round);
+    a change of bucket or of live rows decides afresh, and probes still come after the same rounds of 0."""
+    decisions = []
+    policy = SpeculationLength(4, True, "draft", hold_rounds=4)
+    original = policy._choose
+    monkeypatch.setattr(policy, "_choose", lambda *a: decisions.append(a[0]) or original(*a))
+    measured(policy, 8, {0: 1.0, 4: 1.1})
+    for _ in range(20):
+        policy.observe(8, 4, None, [(r, 4, 4) for r in range(5)])
+    ks = [policy.choose(8, list(range(5)), [100] * 5) for _ in range(8)]
+    assert ks == [4] * 8 and len(decisions) == 2
+    policy.choose(8, list(range(4)), [100] * 4)  # a row finished: decided again
+    assert len(decisions) == 3
+    useless = SpeculationLength(4, True, "draft", hold_rounds=4)
+    measured(useless, 1, {0: 1.0, 4: 2.2})
+    for _ in range(6):
+        useless.observe(1, 4, None, [(0, 0, 4)])
+    chosen = [useless.choose(1, [0], [100]) for _ in range(40)]
+    first_probe = next(i for i, k in enumerate(chosen) if k)
+    assert chosen[:first_probe] == [0] * first_probe and 12 <= first_probe <= 20

@@ -42,15 +42,21 @@ _DECAY = 0.97  # weight of older rounds in a row's acceptance counts (a short me
 _PRIOR_WEIGHT = 4.0  # pseudo-rounds of the prior
 _IDLE_DECAY = 0.9  # per round of k = 0: estimates drift back to the prior (an H100 run stuck at 0 after dips)
 _COST_SAMPLES = 7  # clean measurements of a round's cost kept (their median is the cost)
+GRAPH_HOLD_ROUNDS = 4  # rounds a decision stands on CUDA graphs, where a round lasts a millisecond or two
 _FIRST_PROBE = 16
 _MAX_PROBE = 256
 
 
 class SpeculationLength:
-    def __init__(self, k_max: int, adaptive: bool, method: str, memory: Optional[dict] = None):
+    def __init__(self, k_max: int, adaptive: bool, method: str, memory: Optional[dict] = None,
+                 hold_rounds: int = 1):
         """``memory``: what outlives a call (kept on the runner): round costs, the acceptance seen, the
-        probing schedule. A fresh dict starts from nothing."""
+        probing schedule. A fresh dict starts from nothing. ``hold_rounds``: a decision stands this many
+        rounds of the same bucket and rows (the fast path's rounds last a millisecond or two, and the
+        host's policy work delays the next one; estimates move slowly anyway)."""
         self.k_max, self.adaptive, self.method = k_max, adaptive, method
+        self.hold_rounds = hold_rounds
+        self._held: Optional[list] = None  # [(bucket, live rows), k, rounds it still stands]
         self.memory = memory if memory is not None else {}
         self.costs = self.memory.setdefault("costs", {})  # (bucket, k) -> recent clean seconds
         prior = self.memory.get("acceptance")
@@ -64,7 +70,13 @@ class SpeculationLength:
 
     def choose(self, bucket: int, rows: list[int], remaining: list[int]) -> int:
         """``rows``: the live rows; ``remaining``: tokens each may still emit."""
-        k = self._choose(bucket, rows, remaining)
+        held, shape = self._held, (bucket, len(rows))
+        if held is not None and held[0] == shape and held[2] > 0:
+            held[2] -= 1
+            k = held[1]
+        else:
+            k = self._choose(bucket, rows, remaining)
+            self._held = [shape, k, self.hold_rounds - 1]
         self.histogram[k] += 1
         return k
 
@@ -80,7 +92,7 @@ class SpeculationLength:
         if best > 0:
             mem["zero_streak"], mem["probe_every"] = 0, _FIRST_PROBE
             return best
-        mem["zero_streak"] += 1
+        mem["zero_streak"] += self.hold_rounds  # counted in rounds
         if mem["zero_streak"] < mem["probe_every"]:
             return 0
         mem["zero_streak"], mem["probe_every"] = 0, min(mem["probe_every"] * 2, _MAX_PROBE)
