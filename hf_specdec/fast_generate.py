@@ -59,8 +59,9 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
         seconds = time.perf_counter() - start
         metrics.num_rounds += 1
         clean = runner.warmup_seconds == warm and not caught_up  # no capture, compile or catch-up inside
-        policy.observe(bucket, k, seconds if clean else None,
-                       [(r, h[3], h[4]) for r, h in zip(rows, host) if r is not None])
+        if policy.adaptive:
+            policy.observe(bucket, k, seconds if clean else None,
+                           [(r, h[3], h[4]) for r, h in zip(rows, host) if r is not None])
         generated.update((r, h[1]) for r, h in zip(rows, host) if r is not None)
         if criteria:
             cuts = host_criteria(runner, criteria, batch.prompt_width, host)

@@ -177,7 +177,9 @@ class SpeculationLength:
 
     def observe(self, bucket: int, k: int, seconds: Optional[float], verdicts: list[tuple[int, int, int]]) -> None:
         """After a round: its wall time (None when it included capture or compilation) and, per live row,
-        ``(row, accepted, count)`` (count: drafts the row really proposed)."""
+        ``(row, accepted, count)`` (count: drafts the row really proposed). A fixed k learns nothing."""
+        if not self.adaptive:
+            return
         if seconds is not None:
             self.record_cost(bucket, k, seconds)
         if not verdicts:
