@@ -9,7 +9,7 @@ Costs do not depend on the weights, so no checkpoint travels: the target is buil
 262,144, sliding window 512) with random weights, the draft from it as ``evals/distill_draft.py`` builds
 one (the target's first ``--layers`` layers, its embedding, a reduced head of ``--num-kept`` rows), so
 both have the shapes of the distilled pair. Acceptance does depend on the weights: it is measured on
-the real pair on the CPU (``docs/evals.md``). Per dtype and batch size, milliseconds of:
+the real pair on the CPU (``docs/gemma.md``). Per dtype and batch size, milliseconds of:
 
 - ``eager``: Hugging Face forwards with its own cache after a ``--context``-token prefill (the cache
   grows by the step's tokens per repeat): target step (1 token per row), draft step (1 token),
