@@ -102,8 +102,20 @@ def load_pair(target_path, draft_path, device, dtype):
     tok.padding_side = "left"
     tok.truncation_side = "left"
     target = AutoModelForCausalLM.from_pretrained(target_path, dtype=dtype).to(device).eval()
-    draft = AutoModelForCausalLM.from_pretrained(draft_path, dtype=dtype).to(device).eval()
-    return tok, target, draft
+    return tok, target, load_draft(draft_path, target, device, dtype)
+
+
+def load_draft(draft_path, target, device, dtype):
+    """An ordinary checkpoint (``from_pretrained``) or a reduced-vocabulary draft saved by
+    ``hf_specdec.save_reduced_draft`` (``reduced_vocab.json`` present: loaded onto ``target``, whose input
+    embedding it shares; ``from_pretrained`` would give it a random embedding and output layer)."""
+    if os.path.isfile(os.path.join(draft_path, "reduced_vocab.json")):  # hf_specdec.reduced_vocab_io.META_FILE
+        from hf_specdec.reduced_vocab_io import load_reduced_draft
+
+        return load_reduced_draft(draft_path, target=target, dtype=dtype, device=device)
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(draft_path, dtype=dtype).to(device).eval()
 
 
 def spec_available() -> tuple[bool, str]:

@@ -11,6 +11,7 @@ each token in the target's sampled output), special tokens always kept.
 """
 from __future__ import annotations
 
+import json
 import os
 import site
 import sys
@@ -87,3 +88,10 @@ def eval_prompts(tok, heldout, n: int, max_tokens: int, seed: int) -> list[str]:
         ids = tok(w["prompt"], add_special_tokens=False).input_ids[:max_tokens]
         prompts.append(tok.decode(ids))
     return prompts
+
+
+def write_prompts(path, prompts: list[str]) -> None:
+    """``prompts`` as jsonl rows ``{"task_id": "heldout/i", "prompt": ...}`` (``evals/run_eval.py --data``)."""
+    with open(path, "w") as fh:
+        for i, p in enumerate(prompts):
+            fh.write(json.dumps({"task_id": f"heldout/{i}", "prompt": p}) + "\n")

@@ -13,7 +13,8 @@ logits over the kept tokens for ``--max-minutes`` (bf16 autocast on GPU); save i
 and measure held-out acceptance and the cost per step of both models (``evals/distill_eval.py``).
 
 Output: ``OUT/draft/`` (load with ``load_reduced_draft(OUT/draft, target=target)``),
-``OUT/summary.json``; a short summary is printed last. Nothing is downloaded (HF_HUB_OFFLINE=1).
+``OUT/summary.json``, ``OUT/heldout_prompts.jsonl`` (the held-out prompts, for ``evals/run_eval.py --data``);
+a short summary is printed last. Nothing is downloaded (HF_HUB_OFFLINE=1).
 """
 from __future__ import annotations
 
@@ -138,6 +139,7 @@ def evaluate(args, target, draft, tok, heldout_texts, device, autocast_dtype, lo
     res = {"heldout": ev.token_metrics(target, draft, args.heldout, kept, args.count_batch, device, autocast_dtype)}
     log(f"held-out tokens: {fmt(res['heldout'])}")
     prompts = data.eval_prompts(tok, heldout_texts, args.eval_prompts, args.eval_prompt_tokens, args.seed)
+    data.write_prompts(Path(args.out) / "heldout_prompts.jsonl", prompts)  # for evals/run_eval.py --data
     spec_kwargs = {"compile": args.compile} if device.type == "cuda" else {}
     res["prompts"] = len(prompts)
     for mode in ("greedy", "sample"):

@@ -4,7 +4,8 @@
   sampled acceptance for any reduced draft), whether the target's argmax is kept, greedy agreement
   (draft argmax == target argmax) and the expected sampled acceptance sum_v min(p_v, q_v).
 - ``spec_acceptance``: the real thing: hf_specdec's generate() on held-out prompts, greedy or
-  sampled (temperature 1, no top-k/top-p), acceptance rate and mean acceptance length; greedy
+  sampled (temperature 1, no top-k/top-p), k fixed (adaptive k would mix the per-position figures of
+  several k), acceptance rate and mean acceptance length; greedy
   output also compared token for token with the target's own greedy generate().
 - ``eager_step_ms``: one-token forward at a batch size with Hugging Face's own cache (any device);
   ``runner_stage_ms``: the runner's draft and target steps as CUDA graphs (what a round costs).
@@ -61,7 +62,8 @@ def spec_acceptance(target, draft, tok, prompts: list[str], mode: str, k: int, b
         enc = tok(prompts[start:start + batch_size], return_tensors="pt", padding=True).to(device)
         t = time.perf_counter()
         out = target.generate(**enc, assistant_model=draft, max_new_tokens=max_new, return_dict_in_generate=True,
-                              spec_config=hf_specdec.SpecConfig(num_speculative_tokens=k, **spec_kwargs), **kw)
+                              spec_config=hf_specdec.SpecConfig(num_speculative_tokens=k, adaptive=False, **spec_kwargs),
+                              **kw)
         tot["seconds"] += time.perf_counter() - t
         m = out.spec_metrics
         path = m.fast_path

@@ -1,5 +1,6 @@
 """Model loading for evals/run_eval.py: one pair per process (data parallel), or one tensor-parallel
-target shared by all launched processes (``--tp``), with the draft replicated or itself split."""
+target shared by all launched processes (``--tp``), with the draft replicated or itself split. A draft
+directory saved by ``hf_specdec.save_reduced_draft`` is loaded onto the target (``benchmarks.common.load_draft``)."""
 from __future__ import annotations
 
 import os
@@ -23,6 +24,11 @@ def load_models(target_path: str, draft_path: str, device: torch.device, dtype: 
     if world < 2:
         raise SystemExit("--tp shards the target over the launched processes: start it with "
                          "`accelerate launch --num_processes N` or `torchrun --nproc-per-node N` (N >= 2).")
+    from hf_specdec.reduced_vocab_io import is_reduced_draft
+
+    if is_reduced_draft(draft_path):
+        raise SystemExit(f"{draft_path} is a reduced-vocabulary draft: it takes its input embedding from the target, "
+                         "which --tp splits over the processes; run it without --tp (one pair per process).")
     if draft_tp not in (1, world):
         raise SystemExit(f"--draft-tp must be 1 (replicated) or {world} (the launch's processes); got {draft_tp}.")
     tok = AutoTokenizer.from_pretrained(target_path)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Per-prompt eval of plain HF generate vs hf_specdec over a local jsonl dataset.
+"""Per-prompt eval of plain HF generate vs hf_specdec (and HF's assisted generation) over a local jsonl dataset.
 
 The dataset is loaded with `datasets` from local files (HumanEval.jsonl.gz or any
 jsonl with --prompt-field).  Prompts are sharded over processes with accelerate's
@@ -10,11 +10,16 @@ process its own target and draft); results are gathered on the main process. Wit
 and run every prompt together (--draft-tp: draft replicated or split too). The main
 process shows the one progress bar and writes
 
-    OUT/results.json   per-prompt tokens, seconds, tokens/s per method, acceptance
-    OUT/eval.png       acceptance-length histogram + tokens/s per method
+    OUT/results.json   per prompt: new tokens, identical-to-plain per method; per generate() call:
+                       seconds, tokens/s, spec_metrics; the summary (evals/eval_summary.py)
+    OUT/eval.png       acceptance-length histogram, acceptance per position, tokens/s per method
 
-Each prompt is generated one at a time (batch 1) by every method, after one
-warm-up generation per method.
+--draft is a checkpoint directory or a reduced-vocabulary draft saved by
+hf_specdec.save_reduced_draft (loaded onto the target: benchmarks.common.load_draft).
+Prompts go --batch-size at a time (left-padded) through every method, after one warm-up
+call per method. hf_assisted is Hugging Face's own assisted generation with the same draft
+and a constant --k draft tokens per round (batch 1 only, as transformers allows); a call
+that raises is recorded (summary[method]["errors"]) and the method is not run again.
 """
 
 from __future__ import annotations
@@ -23,7 +28,6 @@ import argparse
 import contextlib
 import json
 import os
-import statistics
 import sys
 
 import torch
@@ -32,12 +36,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 sys.path.insert(0, os.path.dirname(HERE))  # the repository root, for benchmarks.common
-from benchmarks.common import (  # noqa: E402
-    Timer, acceptance_length_histogram, aggregate_metrics, find_humaneval, metrics_dict, spec_available,
-    valid_new_tokens,
-)
+from benchmarks.common import Timer, find_humaneval, metrics_dict, spec_available, valid_new_tokens  # noqa: E402
 sys.path.insert(0, HERE)
 from eval_models import load_models  # noqa: E402
+from eval_plot import make_plot  # noqa: E402
+from eval_summary import summarise  # noqa: E402
+
+METHODS = ("plain", "hf_specdec", "hf_assisted")
 
 
 def parse_args(argv=None):
@@ -50,10 +55,12 @@ def parse_args(argv=None):
     p.add_argument("--limit", type=int, default=None, help="first N rows only")
     p.add_argument("--max-prompt-tokens", type=int, default=512, help="prompts keep their last N tokens")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    p.add_argument("--k", type=int, default=4, help="num_speculative_tokens (hf_assisted: num_assistant_tokens)")
+    p.add_argument("--fixed-k", action="store_true", help="SpecConfig(adaptive=False): k draft tokens every round")
+    p.add_argument("--batch-size", type=int, default=1, help="prompts per generate() call (left-padded)")
     p.add_argument("--mode", choices=["greedy", "sample"], default="greedy")
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--methods", default="plain,hf_specdec", help="comma list of plain, hf_specdec")
+    p.add_argument("--methods", default="plain,hf_specdec", help="comma list of plain, hf_specdec, hf_assisted")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="output directory")
@@ -77,51 +84,60 @@ def load_prompts(args):
     return path, [{"index": i, "id": str(ids[i]), "prompt": p} for i, p in enumerate(ds[args.prompt_field])]
 
 
-def make_plot(rows, methods, k, path):
-    import matplotlib
+def check_methods(args) -> list[str]:
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        raise SystemExit(f"unknown methods {sorted(unknown)}; choose from {', '.join(METHODS)}")
+    if args.batch_size < 1:
+        raise SystemExit(f"--batch-size must be >= 1, got {args.batch_size}")
+    if "hf_assisted" in methods and (args.batch_size > 1 or args.tp):
+        raise SystemExit("hf_assisted runs at --batch-size 1 without --tp only (transformers: 'assisted generate "
+                         "is only supported for batch_size = 1').")
+    if {"hf_specdec", "hf_assisted"} & set(methods):
+        ok, why = spec_available()
+        if not ok:
+            raise SystemExit(f"hf_specdec is not available ({why}); run with --methods plain")
+    return methods
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    spec = [r for r in rows if r.get("hf_specdec", {}).get("mean_acceptance_length") is not None]
-    ax = axes[0]
-    if spec:
-        hist = [0.0] * (k + 1)
-        have_hist = False
-        for r in spec:
-            h = r["hf_specdec"].get("acceptance_length_histogram")
-            if h:
-                have_hist = True
-                for i, v in enumerate(h[: k + 1]):
-                    hist[i] += v
-        if have_hist:
-            ax.bar(range(k + 1), hist, color="tab:blue")
-            ax.set_xlabel("accepted draft tokens per round")
-            ax.set_ylabel("rounds x sequences")
-            ax.set_title(f"hf_specdec acceptance length (k={k})")
-        else:
-            ax.hist([r["hf_specdec"]["mean_acceptance_length"] for r in spec], bins=min(20, max(5, len(spec))))
-            ax.set_xlabel("mean acceptance length per prompt")
-            ax.set_ylabel("prompts")
-            ax.set_title(f"hf_specdec mean acceptance length (k={k})")
-    else:
-        ax.text(0.5, 0.5, "no hf_specdec results", ha="center", va="center")
-        ax.set_axis_off()
-    ax = axes[1]
-    data = [[r[m]["tokens_per_s"] for r in rows if m in r and r[m].get("tokens_per_s")] for m in methods]
-    pos = list(range(len(methods)))
-    if any(data):
-        ax.boxplot([d if d else [0.0] for d in data], positions=pos, widths=0.5)
-        for i, d in enumerate(data):
-            ax.scatter([i] * len(d), d, s=8, alpha=0.5)
-    ax.set_xticks(pos)
-    ax.set_xticklabels(methods)
-    ax.set_ylabel("tokens/s per prompt (batch 1)")
-    ax.set_title("speed per method")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+def run_batch(call, methods, batch, encode, tok, args, state, disabled) -> tuple[list[dict], dict]:
+    """Every method on one batch of prompts: (one row per prompt, the call record)."""
+    ids, mask = encode([item["prompt"] for item in batch])
+    rows = [{"index": item["index"], "id": item["id"], "prompt_tokens": int(mask[i].sum()),
+             "process": state.process_index} for i, item in enumerate(batch)]
+    record, outs = {"indices": [item["index"] for item in batch], "process": state.process_index}, {}
+    for m in methods:
+        if m in disabled:
+            continue
+        torch.manual_seed(args.seed + batch[0]["index"])
+        try:
+            with Timer(ids.device) as t:
+                out = call(m, ids, mask)
+        except Exception as err:  # recorded; the method is not run again
+            record[m] = {"error": f"{type(err).__name__}: {err}"}
+            disabled.add(m)
+            continue
+        seqs = out.sequences.cpu()
+        outs[m] = [valid_new_tokens(seqs[i], ids.shape[1], tok.eos_token_id, tok.pad_token_id)
+                   for i in range(len(batch))]
+        tokens = sum(len(n) for n in outs[m])
+        entry = {"seconds": t.seconds, "new_tokens": tokens, "tokens_per_s": tokens / t.seconds if t.seconds else None}
+        sm = getattr(out, "spec_metrics", None)
+        if sm is not None:
+            entry.update(acceptance_rate=sm.acceptance_rate, mean_acceptance_length=sm.mean_acceptance_length,
+                         spec_metrics=metrics_dict(sm))
+        record[m] = entry
+        for row, new in zip(rows, outs[m]):  # a row's seconds and tokens/s are its call's
+            row[m] = {"new_tokens": len(new), "seconds": t.seconds, "tokens_per_s": entry["tokens_per_s"]}
+            if len(batch) == 1 and sm is not None:
+                row[m].update(acceptance_rate=sm.acceptance_rate, mean_acceptance_length=sm.mean_acceptance_length)
+    if args.mode == "greedy" and "plain" in outs:
+        for i, row in enumerate(rows):
+            row["identical"] = {m: outs[m][i] == outs["plain"][i] for m in outs if m != "plain"}
+            if "hf_specdec" in outs:
+                row["identical_to_plain"] = row["identical"]["hf_specdec"]
+    return rows, record
 
 
 def main(argv=None):
@@ -135,14 +151,7 @@ def main(argv=None):
     device = state.device
     dtype = torch.bfloat16 if (args.dtype == "auto" and device.type == "cuda") else (
         torch.float32 if args.dtype == "auto" else getattr(torch, args.dtype))
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = set(methods) - {"plain", "hf_specdec"}
-    if unknown:
-        raise SystemExit(f"unknown methods {sorted(unknown)}")
-    if "hf_specdec" in methods:
-        ok, why = spec_available()
-        if not ok:
-            raise SystemExit(f"hf_specdec is not available ({why}); run with --methods plain")
+    methods = check_methods(args)
 
     data_path, prompts = load_prompts(args)
     tok, target, draft = load_models(args.target, args.draft, device, dtype, args.tp, args.draft_tp)
@@ -161,80 +170,49 @@ def main(argv=None):
     def call(method, ids, mask):
         if method == "plain":
             return target.generate(input_ids=ids, attention_mask=mask, **kw)
-        spec = hf_specdec.SpecConfig(num_speculative_tokens=args.k, draft_tp=args.draft_tp if args.tp else None)
+        if method == "hf_assisted":  # no spec_config: transformers' own assisted generation
+            return target.generate(input_ids=ids, attention_mask=mask, assistant_model=draft, **kw,
+                                   num_assistant_tokens=args.k, num_assistant_tokens_schedule="constant",
+                                   assistant_confidence_threshold=0.0)
+        spec = hf_specdec.SpecConfig(num_speculative_tokens=args.k, adaptive=False if args.fixed_k else None,
+                                     draft_tp=args.draft_tp if args.tp else None)
         return target.generate(input_ids=ids, attention_mask=mask, assistant_model=draft, spec_config=spec, **kw)
 
-    def encode(text):
-        enc = tok(text, return_tensors="pt", truncation=True, max_length=args.max_prompt_tokens)
+    def encode(texts):
+        enc = tok(texts, return_tensors="pt", padding=True, truncation=True, max_length=args.max_prompt_tokens)
         return enc["input_ids"].to(device), enc["attention_mask"].to(device)
 
-    rows = []
+    rows, calls, disabled = [], [], set()
     # --tp: every process runs every prompt (one sharded target); otherwise each runs its share
     with (contextlib.nullcontext(prompts) if args.tp else state.split_between_processes(prompts)) as shard:
-        if shard:
-            ids, mask = encode(shard[0]["prompt"])
-            for m in methods:  # warm-up
-                call(m, ids, mask)
+        batches = [shard[i:i + args.batch_size] for i in range(0, len(shard), args.batch_size)]
+        if batches:  # warm-up: one call per method
+            run_batch(call, methods, batches[0], encode, tok, args, state, set())
         what = "" if args.tp or state.num_processes == 1 else f" (share of process 0 of {state.num_processes})"
-        bar = tqdm(shard, desc="eval" + what, disable=not shard or not state.is_main_process, dynamic_ncols=True)
-        for item in bar:
-            ids, mask = encode(item["prompt"])
-            row = {"index": item["index"], "id": item["id"], "prompt_tokens": int(ids.shape[1]),
-                   "process": state.process_index}
-            outs = {}
-            for m in methods:
-                torch.manual_seed(args.seed + item["index"])
-                with Timer(device) as t:
-                    out = call(m, ids, mask)
-                new = valid_new_tokens(out.sequences[0].cpu(), ids.shape[1], tok.eos_token_id, tok.pad_token_id)
-                outs[m] = new
-                entry = {"new_tokens": len(new), "seconds": t.seconds,
-                         "tokens_per_s": len(new) / t.seconds if t.seconds > 0 else None}
-                sm = getattr(out, "spec_metrics", None)
-                if sm is not None:
-                    agg = aggregate_metrics([metrics_dict(sm)])
-                    entry.update({"acceptance_rate": agg.get("acceptance_rate"),
-                                  "mean_acceptance_length": agg.get("mean_acceptance_length"),
-                                  "acceptance_length_histogram": acceptance_length_histogram(agg, args.k),
-                                  "spec_metrics": metrics_dict(sm)})
-                row[m] = entry
-            if args.mode == "greedy" and "plain" in outs and "hf_specdec" in outs:
-                row["identical_to_plain"] = outs["plain"] == outs["hf_specdec"]
-            rows.append(row)
-            if "hf_specdec" in row and row["hf_specdec"].get("mean_acceptance_length") is not None:
-                bar.set_postfix(acc_len=f"{row['hf_specdec']['mean_acceptance_length']:.2f}")
+        bar = tqdm(total=len(shard), desc="eval" + what, disable=not shard or not state.is_main_process,
+                   dynamic_ncols=True)
+        for batch in batches:
+            batch_rows, record = run_batch(call, methods, batch, encode, tok, args, state, disabled)
+            rows += batch_rows
+            calls.append(record)
+            bar.update(len(batch))
+            if record.get("hf_specdec", {}).get("mean_acceptance_length") is not None:
+                bar.set_postfix(acc_len=f"{record['hf_specdec']['mean_acceptance_length']:.2f}")
+        bar.close()
 
-    all_rows = rows if args.tp else gather_object(rows)
+    all_rows, all_calls = (rows, calls) if args.tp else (gather_object(rows), gather_object(calls))
     if state.is_main_process:
         all_rows = sorted(all_rows, key=lambda r: r["index"])
-        summary = {}
-        for m in methods:
-            vals = [r[m] for r in all_rows if m in r]
-            tot_tok = sum(v["new_tokens"] for v in vals)
-            tot_s = sum(v["seconds"] for v in vals)
-            s = {"prompts": len(vals), "new_tokens": tot_tok, "seconds": tot_s,
-                 "tokens_per_s": tot_tok / tot_s if tot_s else None,
-                 "median_tokens_per_s_per_prompt": statistics.median(
-                     [v["tokens_per_s"] for v in vals if v["tokens_per_s"]]) if vals else None}
-            if m == "hf_specdec":
-                agg = aggregate_metrics([v["spec_metrics"] for v in vals if v.get("spec_metrics")])
-                s.update({"acceptance_rate": agg.get("acceptance_rate"),
-                          "mean_acceptance_length": agg.get("mean_acceptance_length"),
-                          "acceptance_length_histogram": acceptance_length_histogram(agg, args.k)})
-            summary[m] = s
-        if "plain" in summary and "hf_specdec" in summary and summary["plain"]["tokens_per_s"]:
-            summary["speedup"] = summary["hf_specdec"]["tokens_per_s"] / summary["plain"]["tokens_per_s"]
-        same = [r["identical_to_plain"] for r in all_rows if "identical_to_plain" in r]
-        if same:
-            summary["identical_to_plain_share"] = sum(same) / len(same)
+        all_calls = sorted(all_calls, key=lambda c: c["indices"][0])
+        summary = summarise(all_rows, all_calls, methods, args.k)
         os.makedirs(args.out, exist_ok=True)
         report = {"data": os.path.abspath(data_path), "target": os.path.abspath(args.target),
                   "draft": os.path.abspath(args.draft), "num_processes": state.num_processes,
-                  "parallel": "tensor" if args.tp else "data",
-                  "device": str(device), "config": vars(args), "summary": summary, "rows": all_rows}
+                  "parallel": "tensor" if args.tp else "data", "device": str(device), "dtype": str(dtype),
+                  "config": vars(args), "summary": summary, "rows": all_rows, "calls": all_calls}
         with open(os.path.join(args.out, "results.json"), "w") as fh:
             json.dump(report, fh, indent=2, default=str)
-        make_plot(all_rows, methods, args.k, os.path.join(args.out, "eval.png"))
+        make_plot(summary, all_calls, methods, args.k, args.batch_size, os.path.join(args.out, "eval.png"))
         print(json.dumps(summary, indent=2, default=str))
     state.wait_for_everyone()
 

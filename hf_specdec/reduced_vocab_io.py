@@ -107,6 +107,12 @@ def save_reduced_draft(draft: nn.Module, path: Union[str, Path], target: Optiona
     return path
 
 
+def is_reduced_draft(path: Union[str, Path]) -> bool:
+    """Whether ``path`` is a directory written by ``save_reduced_draft`` (it holds ``reduced_vocab.json``);
+    such a draft loads with ``load_reduced_draft``, not ``AutoModelForCausalLM.from_pretrained``."""
+    return (Path(path) / META_FILE).is_file()
+
+
 def _read_meta(path: Path) -> dict:
     file = path / META_FILE
     if not file.exists():

@@ -63,6 +63,7 @@ def test_distill_tiny_gemma_end_to_end(tmp_path):
         "--eval-prompts", "3", "--eval-prompt-tokens", "24", "--eval-new-tokens", "8", "--eval-batch", "3",
         "--k", "3", "--cost-batches", "1,2", "--cost-context", "16", "--device", "cpu"])
     assert (out / "summary.json").exists() and (out / "draft/model.safetensors").exists()
+    assert len((out / "heldout_prompts.jsonl").read_text().splitlines()) == 3  # run_eval.py --data
     assert s["layers"] == [0, 3] and s["kept"]["num_kept"] == 96
     assert s["train"]["steps"] == 12 and s["train"]["last_loss"] < s["train"]["first_loss"]
     target = AutoModelForCausalLM.from_pretrained(tmp_path / "target")
