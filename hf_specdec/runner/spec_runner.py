@@ -192,8 +192,8 @@ class SpecRunner:
     def time_rounds(self, ks, repeats: int = 3) -> dict[int, list[float]]:
         """Wall seconds of whole rounds of each k (graph replays and the round's sync) at the current bucket,
         the state restored after each: clean costs for the speculation-length policy before any real round
-        (a host stall inside one real round would otherwise price that k out)."""
-        s = self.state
+        (a host stall inside one real round would otherwise price that k out). Counted as warm-up."""
+        s, began = self.state, time.perf_counter()
         saved = [t.clone() for t in s.tensors()]
         times: dict[int, list[float]] = {}
         for k in ks:
@@ -208,6 +208,7 @@ class SpecRunner:
                     times[k].append(time.perf_counter() - start)
                 for t, v in zip(s.tensors(), saved):
                     t.copy_(v)
+        self.warmup_seconds += time.perf_counter() - began  # warm-up, like capture: not decoding time
         return times
 
     def _catch_up(self) -> bool:
