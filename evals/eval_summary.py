@@ -45,8 +45,11 @@ def summarise(rows: list[dict], calls: list[dict], methods: list[str], k: int) -
     plain = summary.get("plain", {}).get("tokens_per_s")
     spec = summary.get("hf_specdec", {}).get("tokens_per_s")
     assisted = summary.get("hf_assisted", {}).get("tokens_per_s")
+    compiled = summary.get("hf_compiled", {}).get("tokens_per_s")
     if plain and spec:
         summary["speedup"] = spec / plain
+    if compiled and spec:
+        summary["speedup_vs_hf_compiled"] = spec / compiled
     if assisted and spec:
         summary["speedup_vs_hf_assisted"] = spec / assisted
     if "rows_compared" in summary.get("hf_specdec", {}):

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Per-prompt eval of plain HF generate vs hf_specdec (and HF's assisted generation) over a local jsonl dataset.
+"""Per-prompt eval of plain HF generate (eager, and compiled) vs hf_specdec and HF's assisted generation over a
+local jsonl dataset.
 
 The dataset is loaded with `datasets` from local files (HumanEval.jsonl.gz or any
 jsonl with --prompt-field).  Prompts are sharded over processes with accelerate's
@@ -17,7 +18,8 @@ process shows the one progress bar and writes
 --draft is a checkpoint directory or a reduced-vocabulary draft saved by
 hf_specdec.save_reduced_draft (loaded onto the target: benchmarks.common.load_draft).
 Prompts go --batch-size at a time (left-padded) through every method, after one warm-up
-call per method. hf_assisted is Hugging Face's own assisted generation with the same draft
+call per method. hf_compiled is HF generate with a static cache, which transformers compiles on an
+accelerator (on a CPU it stays eager). hf_assisted is Hugging Face's own assisted generation with the same draft
 and a constant --k draft tokens per round (batch 1 only, as transformers allows); a call
 that raises is recorded (summary[method]["errors"]) and the method is not run again.
 """
@@ -42,7 +44,7 @@ from eval_models import load_models  # noqa: E402
 from eval_plot import make_plot  # noqa: E402
 from eval_summary import summarise  # noqa: E402
 
-METHODS = ("plain", "hf_specdec", "hf_assisted")
+METHODS = ("plain", "hf_compiled", "hf_specdec", "hf_assisted")
 
 
 def parse_args(argv=None):
@@ -60,7 +62,7 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=1, help="prompts per generate() call (left-padded)")
     p.add_argument("--mode", choices=["greedy", "sample"], default="greedy")
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--methods", default="plain,hf_specdec", help="comma list of plain, hf_specdec, hf_assisted")
+    p.add_argument("--methods", default="plain,hf_specdec", help="comma list of plain, hf_compiled, hf_specdec, hf_assisted")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="output directory")
@@ -145,6 +147,7 @@ def main(argv=None):
     from accelerate import PartialState
     from accelerate.utils import gather_object
     from tqdm.auto import tqdm
+    from transformers import CompileConfig
 
     # On a machine without an accelerator, cpu=True lets torchrun / accelerate launch run gloo processes.
     state = PartialState(cpu=not torch.cuda.is_available())
@@ -170,6 +173,9 @@ def main(argv=None):
     def call(method, ids, mask):
         if method == "plain":
             return target.generate(input_ids=ids, attention_mask=mask, **kw)
+        if method == "hf_compiled":  # static cache: transformers compiles the forward on an accelerator
+            return target.generate(input_ids=ids, attention_mask=mask, **kw, cache_implementation="static",
+                                   compile_config=CompileConfig())
         if method == "hf_assisted":  # no spec_config: transformers' own assisted generation
             return target.generate(input_ids=ids, attention_mask=mask, assistant_model=draft, **kw,
                                    num_assistant_tokens=args.k, num_assistant_tokens_schedule="constant",

@@ -65,12 +65,12 @@ def test_reduced_draft_batched(pair, tmp_path):
 def test_reduced_draft_with_hf_assisted(pair, tmp_path):
     """Hugging Face's assisted generation takes the reduced draft as it is (same vocabulary size; the draft's
     probability is 0 outside its kept tokens) and, greedy, gives the target's own output."""
-    report = _run(pair, tmp_path, "--limit", "2", "--methods", "plain,hf_specdec,hf_assisted")
+    report = _run(pair, tmp_path, "--limit", "2", "--methods", "plain,hf_compiled,hf_specdec,hf_assisted")
     s = report["summary"]
-    for method in ("hf_specdec", "hf_assisted"):
+    for method in ("hf_compiled", "hf_specdec", "hf_assisted"):
         assert "errors" not in s[method], s[method]
         assert s[method]["identical_to_plain"] == s[method]["rows_compared"] == 2
-    assert s["speedup_vs_hf_assisted"] > 0
+    assert s["speedup_vs_hf_assisted"] > 0 and s["speedup_vs_hf_compiled"] > 0
     assert report["rows"][0]["hf_specdec"]["mean_acceptance_length"] >= 1.0  # batch 1: per-row acceptance
 
 
