@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import json
 import os
 import sys
@@ -74,16 +75,30 @@ def parse_args(argv=None):
 
 
 def load_prompts(args):
-    from datasets import load_dataset
-
+    """(path, rows) from a local jsonl(.gz), through `datasets` where it is installed (the GPU machine has
+    none: there the rows are read line by line, the same rows in the same order)."""
     path = args.data or find_humaneval(None)
     if path is None:
         raise SystemExit("no dataset: pass --data PATH")
-    ds = load_dataset("json", data_files=path, split="train")
-    if args.limit:
-        ds = ds.select(range(min(args.limit, len(ds))))
-    ids = ds[args.id_field] if args.id_field in ds.column_names else [str(i) for i in range(len(ds))]
-    return path, [{"index": i, "id": str(ids[i]), "prompt": p} for i, p in enumerate(ds[args.prompt_field])]
+    try:
+        from datasets import load_dataset
+    except ImportError as err:
+        print(f"datasets is not importable ({err}); reading {path} line by line", file=sys.stderr)
+        rows = read_jsonl_rows(path, args.limit)
+    else:
+        ds = load_dataset("json", data_files=path, split="train")
+        if args.limit:
+            ds = ds.select(range(min(args.limit, len(ds))))
+        rows = ds.to_list()
+    return path, [{"index": i, "id": str(r.get(args.id_field, i)), "prompt": r[args.prompt_field]}
+                  for i, r in enumerate(rows)]
+
+
+def read_jsonl_rows(path: str, limit) -> list[dict]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    return rows[:limit] if limit else rows
 
 
 def check_methods(args) -> list[str]:
