@@ -4,7 +4,9 @@
                first token is committed as on the eager path (fast_rows.py)
     rounds     policy.choose(): this round's k (strategies/speculation_length.py);
                runner.round(k): propose + verify + accept + commit on the device (graph
-               replays on GPU); runner.read(): the one sync, done flags, lengths, verdicts
+               replays on GPU); runner.read(): the one sync, done flags, lengths, verdicts.
+               When no row leaves or joins at a sync, the next round starts right after it
+               and the host's bookkeeping of the last one (policy, lengths) runs beside it
     criteria   stopping criteria that need the host (stop strings, max_time, the user's
                own) run on the tokens just committed; a stop cuts the row on the device
     shrink     finished rows go back to the call's buffer; waiting rows join in the blocks
@@ -33,6 +35,8 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
              committer: Committer, eos_ids: list[int], metrics: SpecMetrics, timer: StageTimer,
              admission: Admission, policy: SpeculationLength) -> None:
     waves = FastRows(runner, batch, admission, spec, logits, committer, timer)
+    if policy.expects_no_drafts:
+        runner.defer_draft()  # the draft reads the prompts only if a round drafts
     rows = waves.start()  # prefill and first token of every row the cache budget holds
     if not rows:
         return
@@ -40,28 +44,40 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
     criteria = committer.criteria
     captured = set()
     generated = {r: batch.gen_len[r] for r in rows}
+
+    def launch(bucket: int, live_rows: list[int], remaining: list[int]) -> tuple:
+        """Choose a round's k and start the round (graph replays return before the device is done)."""
+        k = policy.choose(bucket, live_rows, remaining)
+        warm, start = runner.warmup_seconds, time.perf_counter()
+        return k, start, warm, runner.round(k)
+
+    ahead = None  # a round started before the previous round's bookkeeping, which ran while the device worked
     while True:
         bucket = runner.state.size
-        if policy.adaptive and bucket not in captured:  # any k may come next: no capture inside timed rounds
-            runner.capture(range(spec.k + 1))
-            if runner.key.graphs and not policy.has_costs(bucket):
-                for k, seconds in runner.time_rounds(range(spec.k + 1)).items():
-                    for sample in seconds:
-                        policy.record_cost(bucket, k, sample)
-            captured.add(bucket)
-        warm = runner.warmup_seconds
-        live_rows = [r for r in rows if r is not None]
-        k = policy.choose(bucket, live_rows, [batch.max_new_tokens - generated.get(r, 0) for r in live_rows])
-        start = time.perf_counter()
-        with timer("round_seconds"):
-            caught_up = runner.round(k)
-            host = runner.read()  # the round's one sync
+        if ahead is None:
+            if policy.adaptive and bucket not in captured:  # any k may come next: no capture inside timed rounds
+                runner.capture(range(spec.k + 1))
+                if runner.key.graphs and not policy.has_costs(bucket):
+                    for k, seconds in runner.time_rounds(range(spec.k + 1)).items():
+                        for sample in seconds:
+                            policy.record_cost(bucket, k, sample)
+                captured.add(bucket)
+            live_rows = [r for r in rows if r is not None]
+            ahead = launch(bucket, live_rows, [batch.max_new_tokens - generated.get(r, 0) for r in live_rows])
+        k, start, warm, caught_up = ahead
+        host = runner.read()  # the round's one sync
         seconds = time.perf_counter() - start
-        metrics.num_rounds += 1
         clean = runner.warmup_seconds == warm and not caught_up  # no capture, compile or catch-up inside
+        metrics.round_seconds += seconds
+        metrics.num_rounds += 1
+        live_host = [(r, h) for r, h in zip(rows, host) if r is not None]
+        ahead = None
+        if not criteria and not admission.waiting and not any(h[0] for _, h in live_host):
+            # no row leaves or joins at this sync: the next round starts now, and this one's bookkeeping
+            # (the policy's included) runs on the host while the device computes it
+            ahead = launch(bucket, [r for r, _ in live_host], [batch.max_new_tokens - h[1] for _, h in live_host])
         if policy.adaptive:
-            policy.observe(bucket, k, seconds if clean else None,
-                           [(r, h[3], h[4]) for r, h in zip(rows, host) if r is not None])
+            policy.observe(bucket, k, seconds if clean else None, [(r, h[3], h[4]) for r, h in live_host])
         generated.update((r, h[1]) for r, h in zip(rows, host) if r is not None)
         if criteria:
             cuts = host_criteria(runner, criteria, batch.prompt_width, host)

@@ -8,6 +8,8 @@ Sampled output under a budget follows the target's law (chi-square, as test_samp
 is not the unlimited-budget run's output for the same seed: one generator serves the whole batch,
 so a row's draws depend on which rows share its rounds (see docs/architecture.md, "Admission").
 """
+import itertools
+
 import pytest
 import torch
 
@@ -95,3 +97,38 @@ def test_sampling_under_a_budget_follows_the_target(pair, bucketed):  # noqa: F8
     assert m.num_drafts <= rows_at_once * m.num_rounds and m.num_rounds >= 3  # it did run in waves
     counts = joint_23_counts(out.sequences, prompt.shape[1], V)
     assert chi_square_pvalue(counts, exact_joint_23(target, prompt)) > 1e-3
+
+
+@pytest.mark.parametrize("deferred", [False, True], ids=["prefilled", "deferred"])
+def test_rows_joining_after_rounds_of_zero_keep_the_survivors_draft_current(target, monkeypatch, deferred):
+    """Rounds of k = 0 leave the draft model behind; a row that starts while the others are behind
+    rebuilds the bucket, and the survivors' draft still reads those tokens before the next drafting
+    round (a copy of the target then agrees on every draft). Deferred: after a call that ended at k = 0
+    no row's prompt reaches the draft model until a round drafts; then every row's does."""
+    from hf_specdec.runner import spec_runner
+    from hf_specdec.strategies.speculation_length import SpeculationLength
+
+    schedule = itertools.repeat(0)
+    monkeypatch.setattr(SpeculationLength, "_choose", lambda self, bucket, rows, remaining: next(schedule))
+    unread = []  # rounds of k = 0 the draft model had not read, at each catch-up window
+    feed = spec_runner.catch_up_draft
+    monkeypatch.setattr(spec_runner, "catch_up_draft", lambda s, *a, **kw: (unread.append(int(s.behind)), feed(s, *a, **kw)))
+    ids, mask = left_padded_prompts(3, seed=31)
+    plain = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW, eos_token_id=None)
+    eos = int(plain[0, ids.shape[1] + 2])  # row 0 stops after 3 tokens, while the draft model is behind
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW, eos_token_id=eos,
+              pad_token_id=0)
+    spec = hf_specdec.SpecConfig(num_speculative_tokens=2, block_size=BLOCK, cache_tokens=two_rows_budget(mask),
+                                 bucketed=True, adaptive=True)
+    draft = make_draft(target, "full")
+    if deferred:  # a call that ends at k = 0
+        target.generate(**kw, assistant_model=draft, spec_config=spec)
+        assert unread == []
+    schedule = itertools.chain([0] * 6, itertools.repeat(2))
+    out = target.generate(**kw, assistant_model=draft, spec_config=spec, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, target.generate(**kw))
+    assert out.spec_metrics.k_histogram[0] == 6 and out.spec_metrics.acceptance_rate == 1.0
+    if deferred:  # the longest row in the bucket, from position 0
+        assert unread[0] > 6
+    else:
+        assert unread[0] == 6  # all of them, those before row 2 joined too

@@ -126,17 +126,29 @@ def test_changing_k_keeps_the_sampling_law(scripted, pair, bucketed):  # noqa: F
 
 
 def test_long_runs_of_zero_catch_up_in_chunks(monkeypatch):
-    """More rounds of k = 0 than the runner's catch-up chunk, then drafting again: the draft model read
-    every token (a copy of the target still agrees) and the output is the target's own."""
+    """More rounds of k = 0 than the runner's catch-up window, then drafting again: the draft model reads
+    the missed tokens only then, window by window, oldest first (a copy of the target still agrees on
+    every draft) and the output is the target's own. A call that ends at k = 0 feeds the draft nothing."""
+    from hf_specdec.runner import spec_runner
+
+    unread = []  # tokens the draft model had still to read, at each catch-up window
+    feed = spec_runner.catch_up_draft
+    monkeypatch.setattr(spec_runner, "catch_up_draft", lambda s, *a, **kw: (unread.append(int(s.behind)), feed(s, *a, **kw)))
     schedule = iter([2] + [0] * 37 + [2] * 40)
     monkeypatch.setattr(SpeculationLength, "_choose", lambda self, bucket, rows, remaining: next(schedule))
     target = hf_specdec.enable(make_model("llama", seed=5))
     ids, mask = left_padded_prompts(3, seed=2)
     kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=60)
-    out = target.generate(**kw, assistant_model=make_draft(target, "full"), return_dict_in_generate=True,
-                          spec_config=hf_specdec.SpecConfig(num_speculative_tokens=2, bucketed=True, adaptive=True))
+    spec = hf_specdec.SpecConfig(num_speculative_tokens=2, bucketed=True, adaptive=True)
+    draft = make_draft(target, "full")
+    out = target.generate(**kw, assistant_model=draft, return_dict_in_generate=True, spec_config=spec)
     assert torch.equal(out.sequences, target.generate(**kw))
     assert out.spec_metrics.k_histogram[0] == 37 and out.spec_metrics.acceptance_rate == 1.0
+    assert unread == [37, 21, 5]  # windows of CATCH_UP = 16
+    unread.clear()
+    schedule = iter([2] + [0] * 80)
+    out = target.generate(**kw, assistant_model=draft, return_dict_in_generate=True, spec_config=spec)
+    assert torch.equal(out.sequences, target.generate(**kw)) and unread == []
 
 
 def test_a_dip_is_retried_but_a_useless_draft_is_not():
@@ -216,3 +228,37 @@ def test_a_held_decision_stands_for_its_rounds_of_the_same_shape(monkeypatch):
     chosen = [useless.choose(1, [0], [100]) for _ in range(40)]
     first_probe = next(i for i, k in enumerate(chosen) if k)
     assert chosen[:first_probe] == [0] * first_probe and 12 <= first_probe <= 20
+
+
+def test_a_draft_left_at_zero_is_not_run_until_a_round_drafts(monkeypatch):
+    """After a call whose last choice was k = 0 the next call starts without the draft model's prefill: a
+    call that stays at k = 0 never runs the draft; one that drafts again first has it read every row from
+    position 0, in windows (rows of different lengths), and stays exact with every draft accepted."""
+    from hf_specdec.runner import spec_runner
+
+    unread = []
+    feed = spec_runner.catch_up_draft
+    monkeypatch.setattr(spec_runner, "catch_up_draft", lambda s, *a, **kw: (unread.append(int(s.behind)), feed(s, *a, **kw)))
+    schedule = iter([0] * 30)
+    monkeypatch.setattr(SpeculationLength, "_choose", lambda self, bucket, rows, remaining: next(schedule))
+    target = hf_specdec.enable(make_model("llama", seed=5))
+    draft = make_draft(target, "full")
+    ids, mask = left_padded_prompts(3, seed=4, min_len=3, max_len=40)
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=20)
+    spec = hf_specdec.SpecConfig(num_speculative_tokens=2, bucketed=True, adaptive=True)
+    calls = []
+    draft_forward = draft.forward
+    monkeypatch.setattr(draft, "forward", lambda *a, **k: (calls.append(1), draft_forward(*a, **k))[1])
+    expected = target.generate(**kw)
+    for schedule in (iter([0] * 19), iter([0] * 19)):  # the first call runs the draft's prefill, the second not
+        calls.clear()
+        out = target.generate(**kw, assistant_model=draft, spec_config=spec, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, expected)
+    assert calls == [] and unread == []
+    schedule = iter([0] * 4 + [2] * 20)
+    out = target.generate(**kw, assistant_model=draft, spec_config=spec, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected)
+    assert out.spec_metrics.acceptance_rate == 1.0, out.spec_metrics.k_histogram
+    longest = int(mask.sum(1).max())
+    assert unread[0] == longest + 1 - 2 + 4  # the longest row's length - 2 after 4 rounds of k = 0
+    assert len(unread) == -(-unread[0] // 16)

@@ -52,6 +52,7 @@ class BucketState:
     keep: torch.Tensor  # (B,) tokens committed by the last round
     accepted: torch.Tensor  # (B,) drafts accepted by the last round
     max_new: torch.Tensor  # () max_new_tokens of the call
+    behind: torch.Tensor  # () tokens the draft model has still to read (catch_up_draft consumes them)
     eos: torch.Tensor  # (MAX_EOS_IDS,) EOS ids, -1 where unused
     # acceptance statistics, summed on the device over the call's rounds
     stat_rows: torch.Tensor  # () live rows, summed over rounds
@@ -76,7 +77,7 @@ class BucketState:
             done=z(rows, dtype=torch.bool),
             target_tables=z(rows, table_width, dtype=torch.int32), draft_tables=z(rows, table_width, dtype=torch.int32),
             drafts=z(rows, k), draft_probs=None if vocab is None else z(rows, k, vocab, dtype=torch.float32),
-            counts=z(rows), keep=z(rows), accepted=z(rows), max_new=z(()), eos=z(MAX_EOS_IDS), stat_rows=z(()),
+            counts=z(rows), keep=z(rows), accepted=z(rows), max_new=z(()), behind=z(()), eos=z(MAX_EOS_IDS), stat_rows=z(()),
             stat_drafts=z(()), stat_draft_tokens=z(()), stat_accepted=z(()), stat_per_position=z(k),
         )
 

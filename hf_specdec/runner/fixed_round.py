@@ -56,21 +56,23 @@ def propose_ngram(s: BucketState, spec: RoundSpec, k: int) -> None:
     s.counts.copy_(counts)
 
 
-def catch_up_draft(s: BucketState, draft: PagedModel, behind: int, compiled: bool) -> None:
-    """The draft model read nothing during ``behind`` rounds of k = 0 (one token each): feed it those
-    tokens, positions ``length-2-behind .. length-3``, so that ``propose`` finds its usual state.
-    Feeding more than were missed re-feeds cached tokens (identical K/V); a row shorter than that
-    starts at position 0 and writes K/V past its length, which later rounds overwrite before reading.
-    Done and padding rows write only positions 0 and 1 of their own (or the scratch) blocks.
-    ``compiled=False`` runs the uncompiled draft (an odd ``behind`` would recompile it)."""
+def catch_up_draft(s: BucketState, draft: PagedModel, width: int, compiled: bool) -> None:
+    """The draft model read nothing during ``s.behind`` rounds of k = 0 (one token each): feed it ``width``
+    of those tokens, the oldest first, and count them off ``s.behind`` (a graph of a fixed width replays
+    until none is left; the last window ends at position ``length-3``, so that ``propose`` finds its usual
+    state). Feeding more than were missed re-feeds cached tokens (identical K/V); a row shorter than
+    ``width + 2`` starts at position 0 and writes K/V past its length, which later rounds overwrite before
+    reading. Done and padding rows write only positions 0 and 1 of their own (or the scratch) blocks.
+    ``compiled=False`` runs the uncompiled draft (an odd ``width`` would recompile it)."""
     device = s.hist.device
-    span = torch.arange(behind, device=device)
-    start = (s.length - 2 - behind).clamp(min=0)
+    span = torch.arange(width, device=device)
+    start = torch.minimum(s.length - 2 - s.behind, s.length - 2 - width).clamp(min=0)
     positions = torch.where(s.done[:, None], span % 2, start[:, None] + span)
     input_ids = s.hist.gather(1, (s.pads + start)[:, None] + span).view(-1)
-    seq_lens = torch.where(s.done, behind, start + behind)
-    draft.forward(input_ids, positions.reshape(-1), s.draft_tables, seq_lens, behind, True,
+    seq_lens = torch.where(s.done, width, start + width)
+    draft.forward(input_ids, positions.reshape(-1), s.draft_tables, seq_lens, width, True,
                   eager=not compiled)
+    s.behind.sub_(width).clamp_(min=0)
 
 
 def propose(s: BucketState, draft: PagedModel, spec: RoundSpec, k: int) -> None:

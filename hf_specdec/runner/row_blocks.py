@@ -31,7 +31,7 @@ def rejoin(runner: SpecRunner, live: list[int], live_rows: list[int], live_gen: 
            eos_ids: list[int]) -> None:
     """Rebuild the bucket: the ``live`` bucket rows (batch rows ``live_rows``, ``live_gen`` generated tokens
     each), then ``new_rows`` (started since: prompt and first token in the batch). The acceptance
-    statistics summed so far carry over."""
+    statistics summed so far and the tokens the draft model has still to read carry over."""
     s, batch = runner.state, runner.batch
     if live:
         index = torch.tensor(live, device=batch.device)
@@ -40,7 +40,8 @@ def rejoin(runner: SpecRunner, live: list[int], live_rows: list[int], live_gen: 
         for b, gen in zip(live_rows, live_gen):
             batch.gen_len[b] = gen
     stats = [t.clone() for t in (s.stat_drafts, s.stat_accepted, s.stat_per_position)]
-    runner.load(live_rows + new_rows, eos_ids)
+    # the survivors' draft model has still to read what it missed (new rows re-read cached tokens)
+    runner.load(live_rows + new_rows, eos_ids, behind=runner.draft_behind)
     s = runner.state
     for t, saved in zip((s.stat_drafts, s.stat_accepted, s.stat_per_position), stats):
         t.add_(saved)

@@ -26,7 +26,7 @@ from .fixed_round import RoundSpec, catch_up_draft, propose, propose_ngram, veri
 from .graphs import StageGraph
 from .paged_model import PagedModel
 
-CATCH_UP = 16  # tokens the draft model reads at once after rounds of k = 0
+CATCH_UP = 16  # tokens per row the draft model reads in one window after rounds of k = 0
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,8 @@ class SpecRunner:
         self.compiled: dict[str, object] = {}
         self.warmup_seconds = 0.0
         self.compile_error: Optional[str] = None
-        self.draft_behind = 0  # rounds of k = 0 the draft model has not read yet
+        self.draft_behind = 0  # tokens (rounds of k = 0, or whole rows) the draft model has not read yet
+        self.draft_deferred = False  # this call's rows start without the draft model's prefill
         self.policy_memory: dict = {}  # what the speculation-length policy keeps across calls (round costs, ...)
 
     # -- per call ------------------------------------------------------------------
@@ -76,6 +77,7 @@ class SpecRunner:
         """Size (or reuse) caches and buckets for this call (rows get blocks as they start: row_blocks.py).
         ``cache_blocks``: the user's budget per cache (None: what the call needs, rounded up)."""
         self.spec, self.batch, self.warmup_seconds = spec, batch, 0.0
+        self.draft_deferred = False
         k = spec.k
         budgets = [batch.real_len(b) + batch.max_new_tokens + k + 1 for b in range(batch.size)]
         scratch_tokens = k + 2  # padding rows write positions 0..k+1
@@ -123,12 +125,22 @@ class SpecRunner:
         if prepare is not None:  # device constants of the processors: host copies, never inside a capture
             prepare(vocab, batch.device)
 
+    def defer_draft(self) -> bool:
+        """Start rows without the draft model's prefill: a call whose rounds stay at k = 0 (a draft the
+        policy expects to be useless) then never runs the draft; the first round that drafts has it read
+        every row from position 0 (``catch_up``, in windows that stay inside each row's budget)."""
+        self.draft_deferred = "draft" in self.models and self._catch_up_graph_fits()
+        return self.draft_deferred
+
     def prefill(self, rows: list[int]) -> torch.Tensor:
-        """Both models read the prompts (eagerly, one ragged forward each); the target's last logits ``(B, V)``."""
+        """Both models read the prompts (eagerly, one ragged forward each; the draft model not while its
+        reading is deferred); the target's last logits ``(B, V)``."""
         batch = self.batch
         lens = [batch.real_len(b) for b in rows]
         out = None
         for name, pm in self.models.items():
+            if name == "draft" and self.draft_deferred:
+                continue
             cache, device = pm.cache, batch.device
             step = cache.batch(torch.tensor([b + 1 for b in rows], device=device),
                                torch.zeros(len(rows), dtype=torch.long, device=device),
@@ -139,8 +151,10 @@ class SpecRunner:
                 out = logits[:, : pm.vocab_size]
         return out
 
-    def load(self, rows: list[int], eos_ids: list[int]) -> None:
-        """The call's live ``rows`` (after the first token) fill the smallest bucket that holds them."""
+    def load(self, rows: list[int], eos_ids: list[int], behind: int = 0) -> None:
+        """The call's live ``rows`` (after the first token) fill the smallest bucket that holds them.
+        ``behind``: tokens the draft model has still to read of the rows carried over (while its reading
+        is deferred: all of every row's tokens)."""
         batch, key = self.batch, self.key
         if len(eos_ids) > MAX_EOS_IDS:
             raise ValueError(f"{len(eos_ids)} EOS ids; the fast path handles at most {MAX_EOS_IDS}.")
@@ -162,17 +176,22 @@ class SpecRunner:
         for t in (s.stat_rows, s.stat_drafts, s.stat_draft_tokens, s.stat_accepted, s.stat_per_position):
             t.zero_()
         self.state = s
-        self.draft_behind = 0
+        if self.draft_deferred:  # the draft holds nothing: the longest row's length-2 tokens, from position 0
+            behind = max(behind, max(batch.real_len(b) for b in rows) - 2)
+        self.draft_behind = behind
 
     # -- rounds --------------------------------------------------------------------
     def round(self, k: int) -> bool:
         """A round of ``k <= spec.k`` drafts for the current bucket: graph replays, or the same code eagerly.
-        True when the draft model first had to catch up on rounds of k = 0 (an eager forward)."""
+        True when the draft model first read the tokens of earlier rounds of k = 0 (a round that cost more
+        than a round of k does)."""
         s = self.state
-        caught_up, drafting = False, self.spec.method == "draft" and self.spec.k > 0
-        if drafting and self.draft_behind and (k or self.draft_behind == CATCH_UP):
-            caught_up, self.draft_behind = self._catch_up(), 0
-        self.draft_behind = self.draft_behind + 1 if drafting and k == 0 else 0
+        drafting = self.spec.method == "draft" and self.spec.k > 0
+        caught_up = bool(drafting and k and self.draft_behind)
+        if caught_up:
+            self.catch_up()
+        elif drafting and not k:
+            self.draft_behind += 1
         for stage, graph in self._stages(k):
             if graph is None:
                 stage()
@@ -211,16 +230,23 @@ class SpecRunner:
         self.warmup_seconds += time.perf_counter() - began  # warm-up, like capture: not decoding time
         return times
 
-    def _catch_up(self) -> bool:
-        """Feed the draft model the tokens of its rounds of k = 0: every CATCH_UP such rounds, and before a
-        round that drafts. A graph of CATCH_UP tokens per row (re-feeding cached tokens rewrites identical
-        K/V) where graphs run and every row's budget holds them; else eagerly. True if it ran eagerly."""
-        s, behind = self.state, self.draft_behind
-        if self.key.graphs and behind <= CATCH_UP and self._catch_up_graph_fits():
-            self._catch_up_graph()()
-            return False
-        catch_up_draft(s, self.models["draft"], behind, compiled=False)
-        return True
+    def catch_up(self) -> None:
+        """Feed the draft model the tokens of its rounds of k = 0, lazily: before a round that drafts (a call
+        whose rounds stay at k = 0 never pays for it) or a rebuild of the bucket. In windows of CATCH_UP
+        tokens per row, the same graph replayed (eagerly without graphs), where every row's budget holds a
+        window; else in one eager forward."""
+        behind, self.draft_behind, self.draft_deferred = self.draft_behind, 0, False
+        if not behind:
+            return
+        s = self.state
+        s.behind.fill_(behind)
+        if not self._catch_up_graph_fits():
+            catch_up_draft(s, self.models["draft"], behind, compiled=False)
+            return
+        window = self._catch_up_graph() if self.key.graphs else (
+            lambda: catch_up_draft(s, self.models["draft"], CATCH_UP, compiled=False))
+        for _ in range(-(-behind // CATCH_UP)):
+            window()
 
     def _catch_up_graph_fits(self) -> bool:
         """Short rows feed positions 0..CATCH_UP-1: each must lie inside the row's reserved budget."""

@@ -77,6 +77,7 @@ class SpeculationLength:
         else:
             k = self._choose(bucket, rows, remaining)
             self._held = [shape, k, self.hold_rounds - 1]
+            self.memory["last_k"] = k
         self.histogram[k] += 1
         return k
 
@@ -97,6 +98,11 @@ class SpeculationLength:
             return 0
         mem["zero_streak"], mem["probe_every"] = 0, min(mem["probe_every"] * 2, _MAX_PROBE)
         return 1 + int(np.argmax(rates[1:]))
+
+    @property
+    def expects_no_drafts(self) -> bool:
+        """The last decision (of this call or an earlier one) was k = 0: a draft model not worth running."""
+        return self.adaptive and self.method == "draft" and self.k_max > 0 and self.memory.get("last_k") == 0
 
     def bottleneck_rounds(self, rows: list[int], remaining: list[int]) -> np.ndarray:
         """For k = 0..k_max: rounds the slowest row still needs, ``max_rows remaining / E_row(k)``."""
