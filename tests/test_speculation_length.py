@@ -208,8 +208,9 @@ def test_the_costs_used_are_reported():
 
 
 def test_a_held_decision_stands_for_its_rounds_of_the_same_shape(monkeypatch):
-    """On CUDA graphs a decision stands for a few rounds (the policy's host work delays the next round);
-    a change of bucket or of live rows decides afresh, and probes still come after the same rounds of 0."""
+    """On CUDA graphs a decision stands for a few rounds (the policy's host work delays the next round),
+    one of k = 0 longer; a change of bucket or of live rows decides afresh, probes still come after the
+    same rounds of 0, and a probe stands one round."""
     decisions = []
     policy = SpeculationLength(4, True, "draft", hold_rounds=4)
     original = policy._choose
@@ -225,9 +226,13 @@ def test_a_held_decision_stands_for_its_rounds_of_the_same_shape(monkeypatch):
     measured(useless, 1, {0: 1.0, 4: 2.2})
     for _ in range(6):
         useless.observe(1, 4, None, [(0, 0, 4)])
+    decisions.clear()
+    monkeypatch.setattr(useless, "_choose", lambda *a, f=useless._choose: decisions.append(a[0]) or f(*a))
     chosen = [useless.choose(1, [0], [100]) for _ in range(40)]
     first_probe = next(i for i, k in enumerate(chosen) if k)
     assert chosen[:first_probe] == [0] * first_probe and 12 <= first_probe <= 20
+    assert chosen[first_probe + 1] == 0  # a probe stands one round
+    assert len(decisions) <= 6  # decisions of 0 stand 16 rounds (until the next probe at most)
 
 
 def test_a_draft_left_at_zero_is_not_run_until_a_round_drafts(monkeypatch):

@@ -26,7 +26,8 @@ instead picked long rounds that the fastest rows enjoyed while the slowest set t
 * After a run of k = 0 the policy probes k > 0 once (after 16, 32, 64 ... 256 rounds, a
   schedule kept across calls) so that a draft which starts to agree again is noticed.
 * The host work per round is a few array operations over rows x k (numpy), not Python loops:
-  at batch 32 a round lasts about 2 ms and per-row Python cost a tenth of it (H100).
+  at batch 32 a round lasts about 2 ms and per-row Python cost a tenth of it (H100). On CUDA
+  graphs a decision stands a few rounds (k = 0 longer, a probe one round).
 
 Buckets fix the shape of a round, so k is one number per round.
 """
@@ -43,6 +44,7 @@ _PRIOR_WEIGHT = 4.0  # pseudo-rounds of the prior
 _IDLE_DECAY = 0.9  # per round of k = 0: estimates drift back to the prior (an H100 run stuck at 0 after dips)
 _COST_SAMPLES = 7  # clean measurements of a round's cost kept (their median is the cost)
 GRAPH_HOLD_ROUNDS = 4  # rounds a decision stands on CUDA graphs, where a round lasts a millisecond or two
+_ZERO_HOLD = 4  # a decision of k = 0 on graphs stands this many times longer (a useless draft's rounds)
 _FIRST_PROBE = 16
 _MAX_PROBE = 256
 
@@ -57,6 +59,7 @@ class SpeculationLength:
         self.k_max, self.adaptive, self.method = k_max, adaptive, method
         self.hold_rounds = hold_rounds
         self._held: Optional[list] = None  # [(bucket, live rows), k, rounds it still stands]
+        self._stands = hold_rounds  # rounds the decision being made stands (set by _choose)
         self.memory = memory if memory is not None else {}
         self.costs = self.memory.setdefault("costs", {})  # (bucket, k) -> recent clean seconds
         prior = self.memory.get("acceptance")
@@ -75,17 +78,22 @@ class SpeculationLength:
             held[2] -= 1
             k = held[1]
         else:
+            self._stands = self.hold_rounds
             k = self._choose(bucket, rows, remaining)
-            self._held = [shape, k, self.hold_rounds - 1]
+            self._held = [shape, k, self._stands - 1]
             self.memory["last_k"] = k
         self.histogram[k] += 1
         return k
 
     def _choose(self, bucket: int, rows: list[int], remaining: list[int]) -> int:
+        """This round's k; ``self._stands``: the rounds it stands. A decision of 0 on graphs stands longer
+        (until the next probe at most): the estimates then change only by drifting to the prior; a probe
+        stands one round."""
         if not self.adaptive or self.k_max == 0:
             return self.k_max
         for k in (self.k_max, 0):  # both ends measured first
             if (bucket, k) not in self.costs:
+                self._stands = 1
                 return k
         rates = 1.0 / (self.cost_table(bucket) * self.bottleneck_rounds(rows, remaining))
         best = int(np.argmax(rates))
@@ -93,10 +101,13 @@ class SpeculationLength:
         if best > 0:
             mem["zero_streak"], mem["probe_every"] = 0, _FIRST_PROBE
             return best
-        mem["zero_streak"] += self.hold_rounds  # counted in rounds
         if mem["zero_streak"] < mem["probe_every"]:
+            hold = self.hold_rounds * (_ZERO_HOLD if self.hold_rounds > 1 else 1)
+            self._stands = max(1, min(hold, mem["probe_every"] - mem["zero_streak"]))
+            mem["zero_streak"] += self._stands  # counted in rounds
             return 0
         mem["zero_streak"], mem["probe_every"] = 0, min(mem["probe_every"] * 2, _MAX_PROBE)
+        self._stands = 1
         return 1 + int(np.argmax(rates[1:]))
 
     @property
