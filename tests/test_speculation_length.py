@@ -228,10 +228,14 @@ def test_a_held_decision_stands_for_its_rounds_of_the_same_shape(monkeypatch):
         useless.observe(1, 4, None, [(0, 0, 4)])
     decisions.clear()
     monkeypatch.setattr(useless, "_choose", lambda *a, f=useless._choose: decisions.append(a[0]) or f(*a))
-    chosen = [useless.choose(1, [0], [100]) for _ in range(40)]
+    chosen, expect_none = [], []
+    for _ in range(40):
+        chosen.append(useless.choose(1, [0], [100]))
+        expect_none.append(useless.expects_no_drafts)
     first_probe = next(i for i, k in enumerate(chosen) if k)
     assert chosen[:first_probe] == [0] * first_probe and 12 <= first_probe <= 20
     assert chosen[first_probe + 1] == 0  # a probe stands one round
+    assert all(expect_none)  # a probe does not make the next call run the draft's prefill
     assert len(decisions) <= 6  # decisions of 0 stand 16 rounds (until the next probe at most)
 
 

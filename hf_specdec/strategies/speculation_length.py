@@ -23,7 +23,7 @@ instead picked long rounds that the fastest rows enjoyed while the slowest set t
   must not price a k out for good). The runner times every k's round when it captures a
   bucket; the eager path learns them from its rounds: until ``k_max`` and ``0`` are both
   measured for a bucket, the policy tries them, and other k are interpolated linearly.
-* After a run of k = 0 the policy probes k > 0 once (after 16, 32, 64 ... 256 rounds, a
+* After a run of k = 0 the policy probes k > 0 once (after 16, 32, 64 ... 1024 rounds, a
   schedule kept across calls) so that a draft which starts to agree again is noticed.
 * The host work per round is a few array operations over rows x k (numpy), not Python loops:
   at batch 32 a round lasts about 2 ms and per-row Python cost a tenth of it (H100). On CUDA
@@ -46,7 +46,7 @@ _COST_SAMPLES = 7  # clean measurements of a round's cost kept (their median is 
 GRAPH_HOLD_ROUNDS = 4  # rounds a decision stands on CUDA graphs, where a round lasts a millisecond or two
 _ZERO_HOLD = 4  # a decision of k = 0 on graphs stands this many times longer (a useless draft's rounds)
 _FIRST_PROBE = 16
-_MAX_PROBE = 256
+_MAX_PROBE = 1024  # a probe after long runs of 0 costs a catch-up of the draft model too
 
 
 class SpeculationLength:
@@ -60,6 +60,7 @@ class SpeculationLength:
         self.hold_rounds = hold_rounds
         self._held: Optional[list] = None  # [(bucket, live rows), k, rounds it still stands]
         self._stands = hold_rounds  # rounds the decision being made stands (set by _choose)
+        self._probing = False  # the decision being made is a probe (set by _choose)
         self.memory = memory if memory is not None else {}
         self.costs = self.memory.setdefault("costs", {})  # (bucket, k) -> recent clean seconds
         prior = self.memory.get("acceptance")
@@ -78,10 +79,11 @@ class SpeculationLength:
             held[2] -= 1
             k = held[1]
         else:
-            self._stands = self.hold_rounds
+            self._stands, self._probing = self.hold_rounds, False
             k = self._choose(bucket, rows, remaining)
             self._held = [shape, k, self._stands - 1]
-            self.memory["last_k"] = k
+            if not self._probing:
+                self.memory["last_k"] = k
         self.histogram[k] += 1
         return k
 
@@ -107,12 +109,13 @@ class SpeculationLength:
             mem["zero_streak"] += self._stands  # counted in rounds
             return 0
         mem["zero_streak"], mem["probe_every"] = 0, min(mem["probe_every"] * 2, _MAX_PROBE)
-        self._stands = 1
+        self._stands, self._probing = 1, True
         return 1 + int(np.argmax(rates[1:]))
 
     @property
     def expects_no_drafts(self) -> bool:
-        """The last decision (of this call or an earlier one) was k = 0: a draft model not worth running."""
+        """The last decision (of this call or an earlier one; probes aside) was k = 0: a draft model not worth
+        running."""
         return self.adaptive and self.method == "draft" and self.k_max > 0 and self.memory.get("last_k") == 0
 
     def bottleneck_rounds(self, rows: list[int], remaining: list[int]) -> np.ndarray:
