@@ -189,3 +189,27 @@ def _split_kv_decode(pa, dtype, window, softcap):
     whole = paged_attention_triton(*args, D ** -0.5, window, softcap)
     pa.MAX_KV_SPLITS = 16
     torch.testing.assert_close(split.float(), whole.float(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def test_prefill_queries_never_split(monkeypatch):
+    """A prompt's prefill runs one kernel variant whatever its length (a new split count would JIT-compile
+    mid-call); a round's short queries still split when the grid is small."""
+    import hf_specdec.kernels.paged_attention_triton as pa
+
+    seen = []
+    kernel = pa._paged_attention_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.append(kw["NUM_KV_SPLITS"])
+                return kernel[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(pa, "_paged_attention_kernel", Spy())
+    gen = torch.Generator().manual_seed(5)
+    for qlen in (40, 70, 100):  # one row's prompt (after 900 cached tokens): a grid of 3 to 7 query blocks
+        _check(_paged_batch(gen, [qlen], [900], 4, 1, 32, 16, torch.float32), 0.2)
+    assert seen == [1, 1, 1]
+    _check(_paged_batch(gen, [5], [900], 4, 1, 32, 16, torch.float32), 0.2)  # a verify at batch 1
+    assert seen[-1] > 1

@@ -267,7 +267,8 @@ def paged_attention_triton(
     assert key_cache.stride(-1) == 1 and value_cache.stride(-1) == 1, "caches need a contiguous head_dim"
     block_q, block_m, block_n, block_d = _tile_sizes(max_query_len, G, D)
     n_qblocks = triton.cdiv(max(int(max_query_len), 1), block_q)
-    splits = _num_kv_splits(B * n_qblocks * KVH, block_tables.shape[1] * key_cache.shape[1], block_n, query.device)
+    splits = 1 if max_query_len > SPLIT_MAX_QUERY else _num_kv_splits(
+        B * n_qblocks * KVH, block_tables.shape[1] * key_cache.shape[1], block_n, query.device)
     if splits > 1:
         part_acc = torch.empty(T, H, splits, block_d, dtype=torch.float32, device=query.device)
         part_ml = torch.empty(T, H, splits, 2, dtype=torch.float32, device=query.device)
@@ -304,6 +305,10 @@ def paged_attention_triton(
 # with up to 16 at batch 1 (round 4.21 -> 3.84 ms); 660 -> 427 us (+130 us combine) at batch 32.
 # (An earlier eager-launch measurement found splitting slower: there each extra launch cost more.)
 MAX_KV_SPLITS = 16
+# Only a round's queries split (k+1 verify tokens, 16-token catch-up windows): a prompt's prefill has a
+# new grid for nearly every length, and each new split count JIT-compiles the kernel in the middle of a
+# call (an H100 run: one 259-token Gemma prompt met NUM_KV_SPLITS = 16 and its prefill took 14 s).
+SPLIT_MAX_QUERY = 32
 
 
 def _num_kv_splits(programs: int, max_context: int, block_n: int, device: torch.device) -> int:
