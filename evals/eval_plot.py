@@ -12,23 +12,17 @@ def make_plot(summary: dict, calls: list[dict], methods: list[str], k: int, batc
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     spec = summary.get("hf_specdec", {})
     hist, per_pos = spec.get("acceptance_length_histogram"), spec.get("acceptance_per_position")
-    ax = axes[0]
     if hist:
-        ax.bar(range(len(hist)), hist, color="tab:blue")
-        ax.set_xlabel("accepted draft tokens per round")
-        ax.set_ylabel("drafts (rows x rounds)")
-        ax.set_title(f"hf_specdec acceptance length (k={k}), mean {spec['mean_acceptance_length']:.2f}")
+        _bars(axes[0], range(len(hist)), hist, "tab:blue", "accepted draft tokens per round", "drafts (rows x rounds)",
+              f"hf_specdec acceptance length (k={k}), mean {spec['mean_acceptance_length']:.2f}")
     else:
-        _empty(ax, "no hf_specdec acceptance figures")
-    ax = axes[1]
+        _empty(axes[0], "no hf_specdec acceptance figures")
     if per_pos:
-        ax.bar(range(1, len(per_pos) + 1), per_pos, color="tab:green")
-        ax.set_ylim(0, 1)
-        ax.set_xlabel("draft position")
-        ax.set_ylabel("share of drafts accepted up to here")
-        ax.set_title(f"acceptance per position (rate {spec['acceptance_rate']:.3f})")
+        _bars(axes[1], range(1, len(per_pos) + 1), per_pos, "tab:green", "draft position",
+              "share of drafts accepted up to here", f"acceptance per position (rate {spec['acceptance_rate']:.3f})")
+        axes[1].set_ylim(0, 1)
     else:
-        _empty(ax, "no hf_specdec acceptance figures")
+        _empty(axes[1], "no hf_specdec acceptance figures")
     ax = axes[2]
     data = [[c[m]["tokens_per_s"] for c in calls if c.get(m, {}).get("tokens_per_s")] for m in methods]
     pos = list(range(len(methods)))
@@ -43,6 +37,13 @@ def make_plot(summary: dict, calls: list[dict], methods: list[str], k: int, batc
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _bars(ax, xs, values, color: str, xlabel: str, ylabel: str, title: str) -> None:
+    ax.bar(list(xs), values, color=color)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
 
 
 def _empty(ax, text: str) -> None:

@@ -78,7 +78,7 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
             ahead = launch(bucket, [r for r, _ in live_host], [batch.max_new_tokens - h[1] for _, h in live_host])
         if policy.adaptive:
             policy.observe(bucket, k, seconds if clean else None, [(r, h[3], h[4]) for r, h in live_host])
-        generated.update((r, h[1]) for r, h in zip(rows, host) if r is not None)
+        generated.update((r, h[1]) for r, h in live_host)
         if criteria:
             cuts = host_criteria(runner, criteria, batch.prompt_width, host)
             if cuts:
