@@ -37,7 +37,7 @@ def choose_path(spec: SpecConfig, device: torch.device, logits_processor, genera
                          "Drop compile=True.")
     if spec.bucketed is False:
         return PathChoice(False, False, False, None, "eager: SpecConfig(bucketed=False)")
-    if spec.bucketed is None and not on_cuda:
+    if spec.bucketed is None and not on_cuda and spec.num_speculative_tokens:  # k = 0 exists only on the runner
         return PathChoice(False, False, False, None, f"eager: no CUDA device (inputs on {device})")
     logits, reason = graph_safe_logits(logits_processor)
     if reason is None:

@@ -46,6 +46,10 @@ def test_k0_is_plain_decoding_through_the_runner(target, batch):
                           spec_config=fast(num_speculative_tokens=0), return_dict_in_generate=True)
     assert torch.equal(out.sequences, expected)
     assert out.spec_metrics.num_rounds == 8 and out.spec_metrics.num_draft_tokens == 0
+    plain = hf_specdec.SpecConfig(num_speculative_tokens=0)  # bucketed left to choose: k = 0 lives on the runner
+    out = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=9,
+                          spec_config=plain, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected) and out.spec_metrics.fast_path == "bucketed"
 
 
 def test_second_call_reuses_buckets(target):
