@@ -84,12 +84,8 @@ def trace(args) -> None:
         new = full[0, ids.shape[1]:]
         if tok.pad_token_id is not None:
             new = new[new != tok.pad_token_id]
-        full = torch.cat([ids[0], new])[None]
         entry = {"prompt_tokens": ids.shape[1], "new_tokens": int(new.numel())}
-        for name, model in (("draft", draft), ("useless", useless)):
-            with torch.no_grad():
-                pred = model(full).logits[0, ids.shape[1] - 1:-1].argmax(-1)
-            entry[name] = "".join("1" if a else "0" for a in (pred == new).tolist())
+        entry.update((name, agreement(model, ids[0], new)) for name, model in (("draft", draft), ("useless", useless)))
         rows.append(entry)
     costs = {}
     for b in sorted({1, args.batch}):
@@ -104,6 +100,13 @@ def trace(args) -> None:
         json.dump(report, fh, indent=1)
     agree = np.mean([np.mean([c == "1" for c in r["draft"]]) for r in rows])
     print(f"traces: {len(rows)} texts, draft agreement {agree:.3f}, costs (ms) {report['costs_ms']}", flush=True)
+
+
+def agreement(draft, prompt: torch.Tensor, new: torch.Tensor) -> str:
+    """'1' where the draft's greedy token after prompt + new[:j] is new[j] (teacher-forced, one forward)."""
+    with torch.no_grad():
+        pred = draft(torch.cat([prompt, new])[None]).logits[0, len(prompt) - 1:-1].argmax(-1)
+    return "".join("1" if a else "0" for a in (pred == new).tolist())
 
 
 def _stack(work, b):

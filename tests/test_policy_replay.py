@@ -1,0 +1,49 @@
+"""benchmarks/policy_replay.py's premise: on fp32 greedy texts, a teacher-forced draft forward predicts every
+round of the runner exactly, so the policy can be judged on the CPU from traces recorded on the GPU."""
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import hf_specdec
+from hf_specdec.strategies.speculation_length import SpeculationLength
+from models import left_padded_prompts, make_draft, make_model
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.policy_replay import agreement, replay_call, runs_of_agreement  # noqa: E402
+
+
+def test_runs_of_agreement():
+    assert runs_of_agreement("0110111").tolist() == [0, 2, 1, 0, 3, 2, 1, 0]
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_replayed_rounds_match_the_runner(k):
+    target = hf_specdec.enable(make_model("llama", seed=3))
+    draft = make_draft(target, "mix")
+    runs, rounds, accepted = [], 0, 0
+    for seed in (1, 2, 3):
+        ids, mask = left_padded_prompts(1, seed=seed)
+        kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=40, eos_token_id=None,
+                  return_dict_in_generate=True)
+        out = target.generate(**kw, assistant_model=draft,
+                              spec_config=hf_specdec.SpecConfig(num_speculative_tokens=k, adaptive=False,
+                                                                bucketed=True, block_size=4))
+        rounds += out.spec_metrics.num_rounds
+        accepted += out.spec_metrics.num_accepted_tokens
+        runs.append(runs_of_agreement(agreement(draft, ids[0], out.sequences[0, ids.shape[1]:])))
+    assert 0 < accepted < rounds * k  # partial acceptance: the replay has something to predict
+    cost = np.arange(1.0, k + 2.0)
+    replayed, predicted_accepted = 0, 0
+    for run in runs:
+        policy = SpeculationLength(k, False, "draft")
+        observed = []
+        policy.observe = lambda bucket, kk, s, verdicts: observed.extend(verdicts)
+        n, _ = replay_call(policy, 1, [run], cost, 0.0)
+        replayed += n
+        predicted_accepted += sum(v[1] for v in observed)
+    assert replayed == rounds
+    # a call's last round may accept drafts past its last token, which the trace cannot know
+    assert predicted_accepted <= accepted <= predicted_accepted + len(runs) * k
