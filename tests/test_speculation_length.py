@@ -68,7 +68,7 @@ def test_the_slowest_row_sets_the_length():
     but the call lasts as long as the slow row, for which short rounds are cheaper per token."""
     policy = SpeculationLength(8, True, "draft")
     measured(policy, 32, {0: 1.0, 1: 1.3, 8: 3.4})
-    for _ in range(10):
+    for _ in range(40):  # one dip is not enough: a row's long memory must learn that its draft fails
         policy.observe(32, 8, None, [(r, 8, 8) for r in range(31)] + [(31, 0, 8)])
     assert policy.choose(32, list(range(32)), [100] * 32) <= 1
     assert policy.choose(32, list(range(31)), [100] * 31) == 8  # without the slow row: the longest round
@@ -185,7 +185,7 @@ def test_one_stalled_round_does_not_price_a_length_out():
         policy.observe(1, 4, None, [(0, 3, 4)])
     k = policy.choose(1, [0], [100])
     assert k > 0
-    policy.observe(1, k, 500.0, [(0, min(k, 3), k)])
+    policy.observe(1, k, 500.0, [])  # the stalled round's cost alone (its verdicts would move the estimate)
     assert policy.choose(1, [0], [100]) == k
     assert policy.cost(1, k) < 2.0
 

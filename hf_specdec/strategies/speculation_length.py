@@ -13,11 +13,18 @@ the row's own tokens per second; in a batch it follows the row with the most wor
 token a round gives it (measured on an H100: maximising the batch's summed tokens per second
 instead picked long rounds that the fastest rows enjoyed while the slowest set the pace).
 
-* ``a`` and ``m`` per row: decayed counts of accepted / rejected drafts (a run that stops
-  before the row's count is one rejection) over a prior: this call's acceptance over all
-  rows, or before that the acceptance of earlier calls (else 0.5). Rounds of k = 0 say
-  nothing about the draft, so during them the counts decay faster toward the prior: a row
-  whose draft dipped on hard text is retried, while a useless draft (prior near 0) is not.
+* ``a`` per row: decayed counts of accepted / rejected drafts (a run that stops before the
+  row's count is one rejection) on two memories. The short one (about five rounds) follows
+  hard stretches of text; its prior, worth 16 drafts, is the row's long memory (about thirty
+  rounds: a row whose text the draft never learned), whose own prior, worth 32 drafts, is the
+  call's: this call's acceptance over all rows together with the earlier calls' (worth 32
+  drafts; else 0.5). ``m`` (n-gram rows): matched / unmatched rounds on the long memory.
+  Rounds of k = 0 say nothing about the draft, so during them the counts decay faster toward
+  the prior: a row whose draft dipped on hard text is retried, while a useless draft (prior
+  near 0) is not. The constants come from replaying this class on agreement traces of the
+  project's pair (``benchmarks/policy_replay.py``): the call's own first verdicts as the
+  prior, or a single per-row memory of about thirty rounds, left it 5-8% behind the best
+  fixed k there.
 * ``c(B, k)``: the wall time of rounds of that bucket and k on this machine, the median of
   the last few clean measurements (graph replays are steady; a host stall in one round
   must not price a k out for good). The runner times every k's round when it captures a
@@ -27,7 +34,8 @@ instead picked long rounds that the fastest rows enjoyed while the slowest set t
   schedule kept across calls) so that a draft which starts to agree again is noticed.
 * The host work per round is a few array operations over rows x k (numpy), not Python loops:
   at batch 32 a round lasts about 2 ms and per-row Python cost a tenth of it (H100). On CUDA
-  graphs a decision stands a few rounds (k = 0 longer, a probe one round).
+  graphs a decision stands two rounds (k = 0 sixteen, a probe one), and the cost table is
+  rebuilt after every 16 new measurements, not after each.
 
 Buckets fix the shape of a round, so k is one number per round.
 """
@@ -39,12 +47,17 @@ from typing import Optional
 
 import numpy as np
 
-_DECAY = 0.97  # weight of older rounds in a row's acceptance counts (a short memory chases noise)
-_PRIOR_WEIGHT = 4.0  # pseudo-rounds of the prior
+_DECAY = 0.8  # weight of older rounds in a row's short-memory counts: hard stretches of text are short
+_LONG_DECAY = 0.97  # ... in its long-memory counts: a row whose text the draft never learned
+_ROW_PRIOR_WEIGHT = 16.0  # pseudo-drafts of the row's long-memory acceptance in its short-memory one
+_LONG_PRIOR_WEIGHT = 32.0  # pseudo-drafts of the call's prior in a row's long-memory acceptance
+_PRIOR_WEIGHT = 4.0  # pseudo-rounds of the prior in a row's match rate, and of 0.5 in a first call's prior
+_CALL_PRIOR_WEIGHT = 32.0  # pseudo-drafts of the earlier calls' acceptance in a call's prior
+_TABLE_REFRESH = 16  # new cost measurements of a bucket before its table is rebuilt
 _IDLE_DECAY = 0.9  # per round of k = 0: estimates drift back to the prior (an H100 run stuck at 0 after dips)
 _COST_SAMPLES = 7  # clean measurements of a round's cost kept (their median is the cost)
-GRAPH_HOLD_ROUNDS = 4  # rounds a decision stands on CUDA graphs, where a round lasts a millisecond or two
-_ZERO_HOLD = 4  # a decision of k = 0 on graphs stands this many times longer (a useless draft's rounds)
+GRAPH_HOLD_ROUNDS = 2  # rounds a decision stands on CUDA graphs, where a round lasts a millisecond or two
+_ZERO_HOLD = 8  # a decision of k = 0 on graphs stands this many times longer (a useless draft's rounds)
 _FIRST_PROBE = 16
 _MAX_PROBE = 1024  # a probe after long runs of 0 costs a catch-up of the draft model too
 
@@ -66,9 +79,11 @@ class SpeculationLength:
         prior = self.memory.get("acceptance")
         self.call_prior = 0.5 if prior is None else prior
         self.seen = [0.0, 0.0]  # this call's accepted drafts and rejections over all rows (not decayed)
-        self.stats = np.zeros((0, 4))  # per call row: accepted, rejected, matched, unmatched (decayed)
+        # per call row, decayed: accepted, rejected (short memory), matched, unmatched, accepted, rejected (long)
+        self.stats = np.zeros((0, 6))
         self.histogram: Counter = Counter()
-        self._tables: dict[int, np.ndarray] = {}  # bucket -> cost_table, until a new measurement
+        self._tables: dict[int, np.ndarray] = {}  # bucket -> cost_table, until _TABLE_REFRESH new measurements
+        self._fresh: Counter = Counter()  # bucket -> measurements since its table was built
         self.memory.setdefault("zero_streak", 0)
         self.memory.setdefault("probe_every", _FIRST_PROBE)
 
@@ -128,22 +143,26 @@ class SpeculationLength:
 
     @property
     def prior(self) -> float:
-        """This call's acceptance so far once it has seen a few drafts, else the previous calls'."""
+        """This call's acceptance so far over the earlier calls' (worth ``_CALL_PRIOR_WEIGHT`` drafts): the
+        first few verdicts of a call must not decide it (an H100 replay: a call that began on hard text
+        judged its draft useless from a handful of rejections and stopped drafting for 48 rounds)."""
         acc, rej = self.seen
-        p = acc / (acc + rej) if acc + rej >= 4 else self.call_prior
+        weight = _CALL_PRIOR_WEIGHT if "acceptance" in self.memory else _PRIOR_WEIGHT
+        p = (acc + weight * self.call_prior) / (acc + rej + weight)
         return min(max(p, 0.02), 0.98)
 
     def _rows(self, rows) -> np.ndarray:
         """The stats of these rows (grown with zeros for rows not seen yet)."""
         index = np.asarray(rows, dtype=np.int64)
         if index.size and index.max() >= len(self.stats):
-            self.stats = np.concatenate([self.stats, np.zeros((int(index.max()) + 1 - len(self.stats), 4))])
+            self.stats = np.concatenate([self.stats, np.zeros((int(index.max()) + 1 - len(self.stats), 6))])
         return index
 
     def _acceptance(self, rows) -> np.ndarray:
         index = self._rows(rows)  # first: it may grow the stats
         st = self.stats[index]
-        return (st[:, 0] + _PRIOR_WEIGHT * self.prior) / (st[:, 0] + st[:, 1] + _PRIOR_WEIGHT)
+        long = (st[:, 4] + _LONG_PRIOR_WEIGHT * self.prior) / (st[:, 4] + st[:, 5] + _LONG_PRIOR_WEIGHT)
+        return (st[:, 0] + _ROW_PRIOR_WEIGHT * long) / (st[:, 0] + st[:, 1] + _ROW_PRIOR_WEIGHT)
 
     def _match_rate(self, rows) -> np.ndarray:
         index = self._rows(rows)
@@ -189,9 +208,13 @@ class SpeculationLength:
         return all((bucket, k) in self.costs for k in range(self.k_max + 1))
 
     def record_cost(self, bucket: int, k: int, seconds: float) -> None:
-        """One clean measurement of a round of ``k`` at ``bucket`` rows."""
-        self._tables.pop(bucket, None)
+        """One clean measurement of a round of ``k`` at ``bucket`` rows. The table follows at once while a k
+        has few samples (the runner's first timings), else after ``_TABLE_REFRESH`` of them."""
         samples = self.costs.setdefault((bucket, k), [])
+        self._fresh[bucket] += 1
+        if len(samples) < 3 or self._fresh[bucket] >= _TABLE_REFRESH:
+            self._tables.pop(bucket, None)
+            self._fresh[bucket] = 0
         samples.append(seconds)
         del samples[:-_COST_SAMPLES]
 
@@ -211,9 +234,9 @@ class SpeculationLength:
             return
         accepted, count = v[:, 1].astype(np.float64), v[:, 2]
         drafted, rejected = count > 0, (v[:, 1] < count) & (count > 0)
-        st = self.stats[index] * _DECAY
-        st[:, 0] += np.where(drafted, accepted, 0.0)
-        st[:, 1] += rejected
+        st = self.stats[index] * np.array([_DECAY] * 2 + [_LONG_DECAY] * 4)
+        st[:, [0, 4]] += np.where(drafted, accepted, 0.0)[:, None]
+        st[:, [1, 5]] += rejected[:, None]
         st[:, 2] += drafted
         st[:, 3] += ~drafted
         self.stats[index] = st
@@ -226,10 +249,10 @@ class SpeculationLength:
         return {b: {k: round(float(c) * 1e3, 3) for k, c in enumerate(self.cost_table(b))} for b in buckets}
 
     def end_call(self, metrics=None) -> None:
-        """The acceptance seen in this call becomes the next call's prior (unchanged if nothing was drafted);
+        """This call's prior at its end (its acceptance over the earlier calls') becomes the next call's
+        (unchanged if nothing was drafted);
         the round costs the policy used go to ``metrics.round_costs_ms``."""
         if metrics is not None and self.adaptive:
             metrics.round_costs_ms = self.cost_summary()
-        acc, rej = self.seen
-        if acc + rej:
-            self.memory["acceptance"] = acc / (acc + rej)
+        if self.seen[0] + self.seen[1]:
+            self.memory["acceptance"] = self.prior
