@@ -6,7 +6,8 @@
                runner.round(k): propose + verify + accept + commit on the device (graph
                replays on GPU); runner.read(): the one sync, done flags, lengths, verdicts.
                When no row leaves or joins at a sync, the next round starts right after it
-               and the host's bookkeeping of the last one (policy, lengths) runs beside it
+               and the host's bookkeeping of the last one (policy, lengths) runs beside it,
+               with the policy's decision for the round after (policy.prepare)
     criteria   stopping criteria that need the host (stop strings, max_time, the user's
                own) run on the tokens just committed; a stop cuts the row on the device
     shrink     finished rows go back to the call's buffer; waiting rows join in the blocks
@@ -75,9 +76,12 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
         if not criteria and not admission.waiting and not any(h[0] for _, h in live_host):
             # no row leaves or joins at this sync: the next round starts now, and this one's bookkeeping
             # (the policy's included) runs on the host while the device computes it
-            ahead = launch(bucket, [r for r, _ in live_host], [batch.max_new_tokens - h[1] for _, h in live_host])
+            ahead_rows = ([r for r, _ in live_host], [batch.max_new_tokens - h[1] for _, h in live_host])
+            ahead = launch(bucket, *ahead_rows)
         if policy.adaptive:
             policy.observe(bucket, k, seconds if clean else None, [(r, h[3], h[4]) for r, h in live_host])
+            if ahead is not None:  # the device is busy: the decision after the one just launched, now
+                policy.prepare(bucket, *ahead_rows)
         generated.update((r, h[1]) for r, h in live_host)
         if criteria:
             cuts = host_criteria(runner, criteria, batch.prompt_width, host)

@@ -239,6 +239,29 @@ def test_a_held_decision_stands_for_its_rounds_of_the_same_shape(monkeypatch):
     assert len(decisions) <= 6  # decisions of 0 stand 16 rounds (until the next probe at most)
 
 
+def test_a_decision_prepared_while_the_device_works_is_taken_by_the_next_choice(monkeypatch):
+    """``prepare`` decides ahead (the fast path calls it while a round runs); the next ``choose`` of that
+    shape takes the decision without deciding again, a held decision is not pre-empted, and a decision
+    for rows that have changed since is dropped."""
+    decisions = []
+    policy = SpeculationLength(4, True, "draft", hold_rounds=2)
+    original = policy._choose
+    monkeypatch.setattr(policy, "_choose", lambda *a: decisions.append(a[0]) or original(*a))
+    measured(policy, 8, {0: 1.0, 4: 1.1})
+    for _ in range(20):
+        policy.observe(8, 4, None, [(r, 4, 4) for r in range(5)])
+    rows = list(range(5))
+    assert policy.choose(8, rows, [100] * 5) == 4 and len(decisions) == 1
+    policy.prepare(8, rows, [100] * 5)  # the decision stands one more round: nothing to decide yet
+    assert len(decisions) == 1 and policy.choose(8, rows, [100] * 5) == 4
+    policy.prepare(8, rows, [100] * 5)
+    assert len(decisions) == 2
+    assert policy.choose(8, rows, [100] * 5) == 4 and len(decisions) == 2  # taken, not decided again
+    assert policy.choose(8, rows, [100] * 5) == 4 and len(decisions) == 2  # and it stands its rounds
+    policy.prepare(8, rows, [100] * 5)
+    assert policy.choose(8, rows[:4], [100] * 4) == 4 and len(decisions) == 4  # a row left: decided afresh
+
+
 def test_a_draft_left_at_zero_is_not_run_until_a_round_drafts(monkeypatch):
     """After a call whose last choice was k = 0 the next call starts without the draft model's prefill: a
     call that stays at k = 0 never runs the draft; one that drafts again first has it read every row from
@@ -259,7 +282,7 @@ def test_a_draft_left_at_zero_is_not_run_until_a_round_drafts(monkeypatch):
     draft_forward = draft.forward
     monkeypatch.setattr(draft, "forward", lambda *a, **k: (calls.append(1), draft_forward(*a, **k))[1])
     expected = target.generate(**kw)
-    for schedule in (iter([0] * 19), iter([0] * 19)):  # the first call runs the draft's prefill, the second not
+    for schedule in (iter([0] * 21), iter([0] * 21)):  # the first call runs the draft's prefill, the second not
         calls.clear()
         out = target.generate(**kw, assistant_model=draft, spec_config=spec, return_dict_in_generate=True)
         assert torch.equal(out.sequences, expected)
