@@ -207,17 +207,24 @@ def test_the_costs_used_are_reported():
     assert list(costs) == [2] and sorted(costs[2]) == [0, 1, 2, 3] and all(c > 0 for c in costs[2].values())
 
 
-def test_a_held_decision_stands_for_its_rounds_of_the_same_shape(monkeypatch):
-    """On CUDA graphs a decision stands for a few rounds (the policy's host work delays the next round),
-    one of k = 0 longer; a change of bucket or of live rows decides afresh, probes still come after the
-    same rounds of 0, and a probe stands one round."""
+def good_draft_with_decisions_recorded(monkeypatch, hold_rounds: int):
+    """A policy at bucket 8 whose five rows accepted every draft of 20 rounds of k = 4, and the list of
+    buckets its ``_choose`` was called with (one entry per fresh decision)."""
     decisions = []
-    policy = SpeculationLength(4, True, "draft", hold_rounds=4)
+    policy = SpeculationLength(4, True, "draft", hold_rounds=hold_rounds)
     original = policy._choose
     monkeypatch.setattr(policy, "_choose", lambda *a: decisions.append(a[0]) or original(*a))
     measured(policy, 8, {0: 1.0, 4: 1.1})
     for _ in range(20):
         policy.observe(8, 4, None, [(r, 4, 4) for r in range(5)])
+    return policy, decisions
+
+
+def test_a_held_decision_stands_for_its_rounds_of_the_same_shape(monkeypatch):
+    """On CUDA graphs a decision stands for a few rounds (the policy's host work delays the next round),
+    one of k = 0 longer; a change of bucket or of live rows decides afresh, probes still come after the
+    same rounds of 0, and a probe stands one round."""
+    policy, decisions = good_draft_with_decisions_recorded(monkeypatch, hold_rounds=4)
     ks = [policy.choose(8, list(range(5)), [100] * 5) for _ in range(8)]
     assert ks == [4] * 8 and len(decisions) == 2
     policy.choose(8, list(range(4)), [100] * 4)  # a row finished: decided again
@@ -243,13 +250,7 @@ def test_a_decision_prepared_while_the_device_works_is_taken_by_the_next_choice(
     """``prepare`` decides ahead (the fast path calls it while a round runs); the next ``choose`` of that
     shape takes the decision without deciding again, a held decision is not pre-empted, and a decision
     for rows that have changed since is dropped."""
-    decisions = []
-    policy = SpeculationLength(4, True, "draft", hold_rounds=2)
-    original = policy._choose
-    monkeypatch.setattr(policy, "_choose", lambda *a: decisions.append(a[0]) or original(*a))
-    measured(policy, 8, {0: 1.0, 4: 1.1})
-    for _ in range(20):
-        policy.observe(8, 4, None, [(r, 4, 4) for r in range(5)])
+    policy, decisions = good_draft_with_decisions_recorded(monkeypatch, hold_rounds=2)
     rows = list(range(5))
     assert policy.choose(8, rows, [100] * 5) == 4 and len(decisions) == 1
     policy.prepare(8, rows, [100] * 5)  # the decision stands one more round: nothing to decide yet

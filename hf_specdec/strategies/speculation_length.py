@@ -82,6 +82,7 @@ class SpeculationLength:
         self.seen = [0.0, 0.0]  # this call's accepted drafts and rejections over all rows (not decayed)
         # per call row, decayed: accepted, rejected (short memory), matched, unmatched, accepted, rejected (long)
         self.stats = np.zeros((0, 6))
+        self._decays = np.array([_DECAY] * 2 + [_LONG_DECAY] * 4)  # per column of stats, per round observed
         self.histogram: Counter = Counter()
         self._tables: dict[int, np.ndarray] = {}  # bucket -> cost_table, until _TABLE_REFRESH new measurements
         self._fresh: Counter = Counter()  # bucket -> measurements since its table was built
@@ -90,17 +91,16 @@ class SpeculationLength:
 
     def choose(self, bucket: int, rows: list[int], remaining: list[int]) -> int:
         """``rows``: the live rows; ``remaining``: tokens each may still emit."""
-        held, shape = self._held, (bucket, len(rows))
+        shape = (bucket, len(rows))
         pending, self._pending = self._pending, None
-        if held is not None and held[0] == shape and held[2] > 0:
-            held[2] -= 1
-            k = held[1]
+        if self._holds(shape):
+            self._held[2] -= 1
+            k = self._held[1]
         else:
             if pending is not None and pending[0] == shape:
                 k, self._stands, self._probing = pending[1:]
             else:
-                self._stands, self._probing = self.hold_rounds, False
-                k = self._choose(bucket, rows, remaining)
+                k = self._decide(bucket, rows, remaining)
             self._held = [shape, k, self._stands - 1]
             if not self._probing:
                 self.memory["last_k"] = k
@@ -112,12 +112,20 @@ class SpeculationLength:
         same bucket and rows takes it instead of deciding between a sync and the launch it delays (on an
         H100 host a decision cost 0.1-0.3 ms against rounds of about 1 ms at batch 1). It sees the
         estimates one round older; a decision whose shape no longer fits is dropped."""
-        held = self._held
-        if not self.adaptive or (held is not None and held[0] == (bucket, len(rows)) and held[2] > 0):
+        if not self.adaptive or self._holds((bucket, len(rows))):
             return  # the next round follows the decision that stands
-        self._stands, self._probing = self.hold_rounds, False
-        k = self._choose(bucket, rows, remaining)
+        k = self._decide(bucket, rows, remaining)
         self._pending = ((bucket, len(rows)), k, self._stands, self._probing)
+
+    def _holds(self, shape: tuple) -> bool:
+        """A decision for this (bucket, live rows) still stands a round."""
+        held = self._held
+        return held is not None and held[0] == shape and held[2] > 0
+
+    def _decide(self, bucket: int, rows: list[int], remaining: list[int]) -> int:
+        """A fresh decision; ``_choose`` sets how long it stands and whether it is a probe."""
+        self._stands, self._probing = self.hold_rounds, False
+        return self._choose(bucket, rows, remaining)
 
     def _choose(self, bucket: int, rows: list[int], remaining: list[int]) -> int:
         """This round's k; ``self._stands``: the rounds it stands. A decision of 0 on graphs stands longer
@@ -251,7 +259,7 @@ class SpeculationLength:
             return
         accepted, count = v[:, 1].astype(np.float64), v[:, 2]
         drafted, rejected = count > 0, (v[:, 1] < count) & (count > 0)
-        st = self.stats[index] * np.array([_DECAY] * 2 + [_LONG_DECAY] * 4)
+        st = self.stats[index] * self._decays
         st[:, [0, 4]] += np.where(drafted, accepted, 0.0)[:, None]
         st[:, [1, 5]] += rejected[:, None]
         st[:, 2] += drafted
