@@ -17,10 +17,14 @@ Rows per batch size (greedy, the same prompts and max_new_tokens within a prompt
     ngram k=K       SpecConfig(method="ngram", k, adaptive=False)
     ngram adaptive  SpecConfig(method="ngram", k)
 
-Each row: warm-up calls (the first batch and one per smaller bucket, so that timed calls capture
-and compile nothing), then --passes timed passes over all batches; tokens/s = generated tokens /
-wall time of the fastest pass (every pass's time and the chosen pass's per-call times are kept).
-Ratios: vs hf_compiled and vs runner_plain of the same prompt set; adaptive vs the best fixed k.
+The rows of one prompt set at one batch size are measured together: each warms up (the first batch
+and one per smaller bucket, so that timed calls capture and compile nothing; the runner keeps every
+configuration's graphs), twice over the rows (one row's warm-up can undo another's), then each of --passes passes times every row in turn over all batches,
+with a garbage collection before each call outside its time. tokens/s = generated tokens / time of
+the row's fastest pass (every pass's time and the chosen pass's per-call times are kept).
+Ratios: vs hf_compiled and vs runner_plain of the same prompt set; adaptive vs the best fixed k,
+also pass by pass (the passes of one index ran side by side: "paired").
+--adaptive-set NAME=VALUE adds an adaptive row with one policy constant changed.
 Output: JSON (every row with spec_metrics: k histogram, match fraction) and a PNG of tokens/s vs k
 with the adaptive rows marked.
 
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import os
 import sys
@@ -63,7 +68,9 @@ def parse_args(argv=None):
     p.add_argument("--bucketed", action="store_true", help="force the runner (CPU smoke)")
     p.add_argument("--no-compile", action="store_true", help="our runner without torch.compile")
     p.add_argument("--passes", type=int, default=3,
-                   help="timed passes per row; the fastest is reported (2 left 5-10%% noise between runs)")
+                   help="timed passes; each pass times every row of a group in turn; the fastest is reported")
+    p.add_argument("--adaptive-set", action="append", default=[], metavar="NAME=VALUE",
+                   help="also time adaptive k with this policy constant changed (repeatable)")
     p.add_argument("--deadline-s", type=float, default=1e9, help="rows not started by then are skipped")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
@@ -107,32 +114,75 @@ def _policy_view(m: dict) -> str:
 
 
 class Runner:
+    """Rows are added per group (one prompt set at one batch size), then measured together: every row
+    warms up, then each pass times every row in turn. Drift over a run (clocks, host state) then falls
+    on all rows alike instead of on the rows that run late; a garbage collection runs before each timed
+    call, outside its time, so that no row pays one its neighbours triggered."""
+
     def __init__(self, args, device, tok, target, draft, useless):
         self.args, self.device, self.tok = args, device, tok
         self.target, self.draft, self.useless = target, draft, useless
-        self.rows, self.start = [], time.perf_counter()
+        self.rows, self.group, self.start = [], [], time.perf_counter()
 
     def kw(self):
         return dict(max_new_tokens=self.args.max_new_tokens, do_sample=False, pad_token_id=self.tok.pad_token_id,
                     eos_token_id=self.tok.eos_token_id, return_dict_in_generate=True)
 
+    def _late(self) -> bool:
+        return time.perf_counter() - self.start > self.args.deadline_s
+
     def row(self, section, b, name, call, work, warm, **extra):
-        if time.perf_counter() - self.start > self.args.deadline_s:
-            print(f"[skip] {section} b={b} {name}: deadline", flush=True)
-            return
-        entry = {"section": section, "batch_size": b, "row": name, **extra}
-        try:
-            for x in warm:
-                call(x)
-            passes = []
-            for _ in range(self.args.passes):
-                outs, call_seconds = [], []
-                with Timer(self.device) as t:
-                    for x in work:
-                        begin = time.perf_counter()
-                        outs.append(call(x))
-                        call_seconds.append(round(time.perf_counter() - begin, 4))
-                passes.append((t.seconds, outs, call_seconds))
+        self.group.append(({"section": section, "batch_size": b, "row": name, **extra}, call, work, warm))
+
+    def measure(self):
+        """Warm every row of the group, then the interleaved passes; a row that fails is reported alone."""
+        group, self.group, live, passes = self.group, [], [], {}
+        for entry, call, work, warm in group:
+            if self._late():
+                print(f"[skip] {entry['section']} b={entry['batch_size']} {entry['row']}: deadline", flush=True)
+                continue
+            try:
+                for x in warm:
+                    call(x)
+                live.append((entry, call, work, warm))
+                passes[id(entry)] = []
+            except Exception as exc:  # a failing row is reported, the run goes on
+                self._report(entry, error=exc)
+        # A second sweep: a row's warm-up can undo another's (HF's compiled forward and ours recompile once
+        # after each other; a larger cache pool drops the graphs kept), which a first pass then paid for.
+        for entry, call, work, warm in list(live):
+            try:
+                for x in warm:
+                    call(x)
+            except Exception as exc:
+                live.remove((entry, call, work, warm))
+                self._report(entry, error=exc)
+        live = [(entry, call, work) for entry, call, work, _ in live]
+        for p in range(self.args.passes):
+            if p and self._late():
+                break
+            for entry, call, work in list(live):
+                try:
+                    passes[id(entry)].append(self._timed_pass(call, work))
+                except Exception as exc:
+                    live.remove((entry, call, work))
+                    self._report(entry, error=exc)
+        for entry, _, work in live:
+            self._report(entry, passes[id(entry)], work)
+
+    def _timed_pass(self, call, work):
+        outs, call_seconds = [], []
+        for x in work:
+            gc.collect()
+            with Timer(self.device) as t:
+                outs.append(call(x))
+            call_seconds.append(t.seconds)
+        return sum(call_seconds), outs, [round(c, 4) for c in call_seconds]
+
+    def _report(self, entry, passes=None, work=None, error=None):
+        if error is not None:
+            entry["error"] = f"{type(error).__name__}: {error}"
+        else:
             seconds, outs, call_seconds = min(passes, key=lambda p: p[0])
             prompt_len = work[0][0].shape[1]
             tokens, metrics = 0, []
@@ -142,17 +192,18 @@ class Runner:
                 m = getattr(out, "spec_metrics", None)
                 if m is not None:
                     metrics.append(m.to_dict())
-            entry.update(seconds=seconds, pass_seconds=[round(p[0], 4) for p in passes], call_seconds=call_seconds,
+            ordered = sorted(p[0] for p in passes)
+            entry.update(seconds=seconds, median_seconds=ordered[len(ordered) // 2],
+                         pass_seconds=[round(p[0], 4) for p in passes], call_seconds=call_seconds,
                          tokens=tokens, tokens_per_s=tokens / seconds,
                          sequences=[o.sequences[:, prompt_len:].tolist() for o in outs])
             if metrics:
                 entry["spec_metrics"] = {**aggregate_metrics(metrics),
                                          "fast_path": sorted({m["fast_path"] for m in metrics})}
-        except Exception as exc:  # a failing row is reported, the run goes on
-            entry["error"] = f"{type(exc).__name__}: {exc}"
         self.rows.append(entry)
-        print(f"[row] {section:4s} b={b:3d} {name:18s} "
+        print(f"[row] {entry['section']:4s} b={entry['batch_size']:3d} {entry['row']:18s} "
               + (f"{entry['tokens_per_s']:9.1f} tok/s" if "tokens_per_s" in entry else entry.get("error", ""))
+              + (f"  passes {entry['pass_seconds']}" if "pass_seconds" in entry else "")
               + _policy_view(entry.get("spec_metrics", {})), flush=True)
 
 
@@ -185,16 +236,41 @@ def run(args, r: Runner, sets):
                     r.row(section, b, f"ngram {'adaptive' if adaptive else 'fixed'}",
                           lambda x, a=adaptive: ours(x, num_speculative_tokens=args.ngram_k, method="ngram",
                                                      adaptive=a), work, warm, k=args.ngram_k, adaptive=adaptive)
+                r.measure()
                 continue
             for k in range(1, args.k_max + 1):
                 r.row(section, b, f"fixed k={k}", lambda x, k=k: ours(x, r.draft, num_speculative_tokens=k,
                                                                       adaptive=False), work, warm, k=k)
             r.row(section, b, "adaptive", lambda x: ours(x, r.draft, num_speculative_tokens=args.k_max), work, warm,
                   k=args.k_max, adaptive=True)
+            for setting in args.adaptive_set:
+                r.row(section, b, f"adaptive {setting}",
+                      lambda x, s=setting: with_setting(s, ours, x, r.draft, num_speculative_tokens=args.k_max),
+                      work, warm, k=args.k_max, adaptive=True, setting=setting)
             for adaptive in (False, True):
                 r.row(section, b, f"useless {'adaptive' if adaptive else 'fixed'}",
                       lambda x, a=adaptive: ours(x, r.useless, num_speculative_tokens=4, adaptive=a), work, warm,
                       k=4, adaptive=adaptive)
+            r.measure()
+
+
+def with_setting(setting: str, fn, *args, **kwargs):
+    """Call ``fn`` with one module constant of the policy changed (``NAME=VALUE``, e.g. GRAPH_HOLD_ROUNDS=4):
+    the same run measures a variant of the policy beside the default."""
+    import importlib
+    name, value = setting.split("=")
+    modules = [importlib.import_module(m) for m in ("hf_specdec.generate", "hf_specdec.strategies.speculation_length")]
+    owners = [m for m in modules if hasattr(m, name)]
+    if not owners:
+        raise SystemExit(f"--adaptive-set {setting}: no policy constant {name}")
+    saved = [getattr(m, name) for m in owners]
+    try:
+        for m in owners:
+            setattr(m, name, type(getattr(m, name))(value))
+        return fn(*args, **kwargs)
+    finally:
+        for m, v in zip(owners, saved):
+            setattr(m, name, v)
 
 
 def main(argv=None):

@@ -38,6 +38,18 @@ def _metrics(rows, section, b, name):
     return {}
 
 
+def _paired(rows, section, b, name, reference) -> float | None:
+    """Median over passes of (reference's pass time / name's): the passes of one index ran side by side."""
+    def passes(n):
+        return next((r.get("pass_seconds") for r in rows if (r["section"], r["batch_size"], r["row"])
+                     == (section, b, n)), None)
+    a, ref = passes(name), passes(reference)
+    if not a or not ref:
+        return None
+    ratios = sorted(y / x for x, y in zip(a, ref))
+    return round(ratios[len(ratios) // 2], 3)
+
+
 def summarise(rows) -> dict:
     out = {}
     for b in sorted({r["batch_size"] for r in rows}):
@@ -51,8 +63,13 @@ def summarise(rows) -> dict:
             s["code"] = {
                 "hf_compiled_tok_s": hf, "runner_plain_tok_s": plain, "fixed_tok_s": fixed, "best_fixed_k": best_k,
                 "adaptive_tok_s": adaptive, "adaptive_vs_best_fixed": _ratio(adaptive, fixed[best_k]),
+                "adaptive_vs_best_fixed_paired": _paired(rows, "code", b, "adaptive", f"fixed k={best_k}"),
+                "variants_vs_best_fixed": {r["row"]: _ratio(r["tokens_per_s"], fixed[best_k]) for r in rows
+                                           if (r["section"], r["batch_size"]) == ("code", b) and r.get("setting")
+                                           and r.get("tokens_per_s")},
                 "adaptive_vs_hf_compiled": _ratio(adaptive, hf), "adaptive": _metrics(rows, "code", b, "adaptive"),
                 "useless_adaptive_vs_runner_plain": _ratio(_rate(rows, "code", b, "useless adaptive"), plain),
+                "useless_adaptive_vs_runner_plain_paired": _paired(rows, "code", b, "useless adaptive", "runner_plain"),
                 "useless_fixed_vs_runner_plain": _ratio(_rate(rows, "code", b, "useless fixed"), plain),
                 "useless_adaptive": _metrics(rows, "code", b, "useless adaptive"),
                 "same_as_runner_plain": {n: _same(rows, "code", b, n) for n in ("adaptive", "useless adaptive")},

@@ -66,6 +66,24 @@ def test_second_call_reuses_buckets(target):
     assert all(runner.states[b] is s for b, s in states.items())  # same buffers: graphs would replay
 
 
+def test_alternating_configurations_each_keep_their_buckets(target):
+    """k = 2, then k = 3, then k = 2 again: the third call finds the first call's buffers (graphs would
+    replay, not capture again), and every call stays exact."""
+    draft = make_draft(target, "mix")
+    ids, mask = left_padded_prompts(3, seed=9)
+    base = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=10)
+    expected = target.generate(**base)
+    runner = runner_for(target, draft)
+    kept = {}
+    for k in (2, 3, 2):
+        out = target.generate(**base, assistant_model=draft, spec_config=fast(num_speculative_tokens=k))
+        assert torch.equal(out, expected)
+        kept.setdefault(k, dict(runner.states))
+        assert all(runner.states[b] is s for b, s in kept[k].items())
+    assert runner.key.k == 2 and len(runner.slots) == 2
+    assert all(s.drafts.shape[1] == 2 for s in kept[2].values())  # the k = 2 buffers, not k = 3's
+
+
 def test_sampling_with_warpers_runs_on_the_runner(target):
     draft = make_draft(target, "mix")
     ids, mask = left_padded_prompts(4, seed=8)

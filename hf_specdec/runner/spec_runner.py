@@ -14,7 +14,6 @@ no row is live; ``store`` writes the rows back into the call's ``SequenceBatch``
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -25,36 +24,9 @@ from .bucket_state import MAX_EOS_IDS, BucketState, bucket_for
 from .fixed_round import RoundSpec, catch_up_draft, propose, propose_ngram, verify_and_commit
 from .graphs import StageGraph
 from .paged_model import PagedModel
+from .runner_slots import RunnerKey, RunnerSlots, capacity
 
 CATCH_UP = 16  # tokens per row the draft model reads in one window after rounds of k = 0
-
-
-@dataclass(frozen=True)
-class RunnerKey:
-    """Everything a captured graph depends on besides the bucket size."""
-
-    k: int
-    do_sample: bool
-    acceptance: str
-    method: str
-    ngram_sizes: tuple
-    logits_signature: tuple
-    generator_id: int
-    graphs: bool
-    compile: bool
-    block_size: int
-    pool_blocks: int
-    width: int
-    table_width: int
-    vocab: int
-
-
-def _capacity(n: int, quantum: int) -> int:
-    """Round ``n`` up to a power-of-two multiple of ``quantum``: capacities grow rarely."""
-    c = quantum
-    while c < n:
-        c *= 2
-    return c
 
 
 class SpecRunner:
@@ -62,8 +34,9 @@ class SpecRunner:
         self.target, self.draft = target, draft
         self.key: Optional[RunnerKey] = None
         self.caches: dict[str, PagedKVCache] = {}
-        self.states: dict[int, BucketState] = {}
-        self.graphs: dict[tuple[str, int], StageGraph] = {}
+        self.slots = RunnerSlots()  # per key: bucket states and graphs (runner_slots.py)
+        self.states: dict[int, BucketState] = {}  # the current key's
+        self.graphs: dict[tuple[str, int, int], StageGraph] = {}
         self.compiled: dict[str, object] = {}
         self.warmup_seconds = 0.0
         self.compile_error: Optional[str] = None
@@ -85,27 +58,28 @@ class SpecRunner:
         if cache_blocks is not None:
             pool_blocks = cache_blocks + blocks_for(scratch_tokens, block_size)
         else:
-            pool_blocks = max(_capacity(need, 64), self.key.pool_blocks if self.key else 0)
+            pool_blocks = max(capacity(need, 64), self.key.pool_blocks if self.key else 0)
         # Capacities only grow, and with graphs block tables are as wide as the models' longest sequence
         # (a wide table costs the Triton kernels nothing: attention stops at each row's length), so few
         # calls change a shape. Without graphs (CPU) the torch reference reads whole tables: keep them tight.
         longest = max(budgets + ([self._max_positions()] if graphs else []))
         key = RunnerKey(k, spec.do_sample, spec.acceptance, spec.method, spec.ngram_sizes, logits_signature,
                         id(spec.generator), graphs, compile and self.compile_error is None, block_size, pool_blocks,
-                        max(_capacity(batch.tokens.shape[1], 64), self.key.width if self.key else 0),
-                        max(_capacity(blocks_for(longest, block_size), 8), self.key.table_width if self.key else 0),
+                        max(capacity(batch.tokens.shape[1], 64), self.key.width if self.key else 0),
+                        max(capacity(blocks_for(longest, block_size), 8), self.key.table_width if self.key else 0),
                         vocab)
         if key != self.key:
-            if self.key is not None and key.block_size != self.key.block_size:
-                self.caches.clear()
+            if self.key is not None and (key.block_size, key.pool_blocks) != (self.key.block_size,
+                                                                               self.key.pool_blocks):
+                self.slots.drop_all()  # the graphs kept bake in the pools' addresses
+                if key.block_size != self.key.block_size:
+                    self.caches.clear()
             for cache in self.caches.values():
                 if cache.num_blocks != pool_blocks:
                     cache.resize(pool_blocks)
-            self.states.clear()
-            self.graphs.clear()
-            if self.key is None or (key.k, key.method, key.do_sample) != (self.key.k, self.key.method,
-                                                                          self.key.do_sample):
-                self.policy_memory.clear()
+            slot = self.slots.slot(key)  # a key seen before: its states and graphs replay
+            self.states, self.graphs = slot.states, slot.graphs
+            self.policy_memory = self.slots.policy_memory(key)
             self.key = key
         uses_draft = k > 0 and spec.method == "draft"
         models = {"target": self.target, "draft": self.draft} if uses_draft else {"target": self.target}

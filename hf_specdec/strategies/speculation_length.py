@@ -102,7 +102,7 @@ class SpeculationLength:
             else:
                 k = self._decide(bucket, rows, remaining)
             self._held = [shape, k, self._stands - 1]
-            if not self._probing:
+            if self.adaptive and not self._probing:  # a fixed k leaves the memory to the adaptive calls
                 self.memory["last_k"] = k
         self.histogram[k] += 1
         return k

@@ -1,0 +1,78 @@
+"""What a runner keeps per configuration, so that a process alternating configurations captures once.
+
+A ``RunnerKey`` names everything a captured graph depends on besides the bucket size. Each key
+has a slot: its bucket states (``BucketState`` per bucket) and the graphs captured over them. An
+eval that sweeps k, or a benchmark that interleaves its rows, then replays each configuration's
+graphs when it comes back instead of capturing them again (which also made a configuration that
+came back pay capture inside a call that was being timed).
+
+The graphs bake in the addresses of both caches' pools: when a pool moves (a resize, another block
+size) every slot is dropped. The least recently used slot goes once ``MAX_SLOTS`` are kept (each
+holds graph memory on the device). The speculation-length policy's memory (round costs, the
+acceptance seen) is kept per (k, method, do_sample): it stays valid when only a shape grows.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+MAX_SLOTS = 16
+
+
+@dataclass(frozen=True)
+class RunnerKey:
+    """Everything a captured graph depends on besides the bucket size."""
+
+    k: int
+    do_sample: bool
+    acceptance: str
+    method: str
+    ngram_sizes: tuple
+    logits_signature: tuple
+    generator_id: int
+    graphs: bool
+    compile: bool
+    block_size: int
+    pool_blocks: int
+    width: int
+    table_width: int
+    vocab: int
+
+
+@dataclass
+class Slot:
+    states: dict = field(default_factory=dict)  # bucket rows -> BucketState
+    graphs: dict = field(default_factory=dict)  # (stage, bucket rows, k) -> StageGraph
+
+
+class RunnerSlots:
+    def __init__(self, limit: int = MAX_SLOTS):
+        self.limit = limit
+        self._slots: OrderedDict[RunnerKey, Slot] = OrderedDict()
+        self._memories: dict[tuple, dict] = {}
+
+    def slot(self, key: RunnerKey) -> Slot:
+        """The slot of ``key`` (new and empty the first time), now the most recently used."""
+        slot = self._slots.pop(key, None) or Slot()
+        self._slots[key] = slot
+        while len(self._slots) > self.limit:
+            self._slots.popitem(last=False)
+        return slot
+
+    def drop_all(self) -> None:
+        """The caches' pools moved: no kept graph may replay."""
+        self._slots.clear()
+
+    def policy_memory(self, key: RunnerKey) -> dict:
+        return self._memories.setdefault((key.k, key.method, key.do_sample), {})
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+
+def capacity(n: int, quantum: int) -> int:
+    """Round ``n`` up to a power-of-two multiple of ``quantum``: capacities grow rarely."""
+    c = quantum
+    while c < n:
+        c *= 2
+    return c
