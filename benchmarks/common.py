@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import gzip
+import importlib
 import json
 import os
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -213,3 +215,27 @@ def expected_tokens_per_round(alpha: float, k: int) -> float:
     if alpha >= 1.0 - 1e-9:
         return float(k + 1)
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+POLICY_MODULES = ("hf_specdec.generate", "hf_specdec.strategies.speculation_length")
+
+
+@contextmanager
+def policy_constants(settings: list[str], flag: str = "--set"):
+    """Module constants of the speculation-length policy changed (``NAME=VALUE`` each, e.g.
+    GRAPH_HOLD_ROUNDS=4) inside the block, restored after: a variant measured beside the default."""
+    changed = []
+    try:
+        for setting in settings:
+            name, value = setting.split("=", 1)
+            owners = [m for m in map(importlib.import_module, POLICY_MODULES) if hasattr(m, name)]
+            if not owners:
+                raise SystemExit(f"{flag} {setting}: no policy constant {name} in {', '.join(POLICY_MODULES)}")
+            for m in owners:
+                old = getattr(m, name)
+                changed.append((m, name, old))
+                setattr(m, name, type(old)(float(value)))
+        yield
+    finally:
+        for m, name, old in reversed(changed):
+            setattr(m, name, old)

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import load_pair, pick_device, pick_dtype  # noqa: E402
+from benchmarks.common import load_pair, pick_device, pick_dtype, policy_constants  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -152,14 +152,14 @@ def replay_call(policy, bucket: int, runs: list[np.ndarray], cost: np.ndarray, d
 
 
 def replay(args) -> dict:
+    with policy_constants(args.set):  # --set NAME=VALUE: the policy's constants, restored after
+        return _replay(args)
+
+
+def _replay(args) -> dict:
     from hf_specdec.runner import bucket_for
     from hf_specdec.strategies import speculation_length as sl
 
-    for item in args.set:
-        name, value = item.split("=", 1)
-        if not hasattr(sl, name):
-            raise SystemExit(f"--set {item}: speculation_length has no {name}")
-        setattr(sl, name, type(getattr(sl, name))(float(value)))
     with open(args.traces) as fh:
         report = json.load(fh)
     traces = report["traces"][:args.num_prompts]

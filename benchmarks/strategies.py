@@ -47,7 +47,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import (  # noqa: E402
-    Timer, aggregate_metrics, find_humaneval, load_pair, pick_device, pick_dtype, read_jsonl,
+    Timer, aggregate_metrics, find_humaneval, load_pair, pick_device, pick_dtype, policy_constants, read_jsonl,
 )
 from benchmarks.e2e_spec import bucket_warmups  # noqa: E402
 from benchmarks.strategies_report import plot, summarise  # noqa: E402
@@ -136,39 +136,36 @@ class Runner:
 
     def measure(self):
         """Warm every row of the group, then the interleaved passes; a row that fails is reported alone."""
-        group, self.group, live, passes = self.group, [], [], {}
+        group, self.group, live = self.group, [], []
         for entry, call, work, warm in group:
             if self._late():
                 print(f"[skip] {entry['section']} b={entry['batch_size']} {entry['row']}: deadline", flush=True)
-                continue
-            try:
-                for x in warm:
-                    call(x)
-                live.append((entry, call, work, warm))
-                passes[id(entry)] = []
-            except Exception as exc:  # a failing row is reported, the run goes on
-                self._report(entry, error=exc)
-        # A second sweep: a row's warm-up can undo another's (HF's compiled forward and ours recompile once
+            else:
+                live.append((entry, call, work, warm, []))
+        # Two warm-up sweeps: a row's warm-up can undo another's (HF's compiled forward and ours recompile once
         # after each other; a larger cache pool drops the graphs kept), which a first pass then paid for.
-        for entry, call, work, warm in list(live):
-            try:
-                for x in warm:
-                    call(x)
-            except Exception as exc:
-                live.remove((entry, call, work, warm))
-                self._report(entry, error=exc)
-        live = [(entry, call, work) for entry, call, work, _ in live]
+        for _ in range(2):
+            self._each(live, _warm)
         for p in range(self.args.passes):
             if p and self._late():
                 break
-            for entry, call, work in list(live):
-                try:
-                    passes[id(entry)].append(self._timed_pass(call, work))
-                except Exception as exc:
-                    live.remove((entry, call, work))
-                    self._report(entry, error=exc)
-        for entry, _, work in live:
-            self._report(entry, passes[id(entry)], work)
+            self._each(live, self._timed_pass, timed=True)
+        for entry, _, work, _, passes in live:
+            self._report(entry, passes, work)
+
+    def _each(self, live: list, fn, timed: bool = False) -> None:
+        """``fn(call, work if timed else warm)`` for every live row (a timed result joins the row's passes);
+        a row that fails is reported and leaves, the others go on."""
+        for row in list(live):
+            entry, call, work, warm, passes = row
+            try:
+                result = fn(call, work if timed else warm)
+            except Exception as exc:  # a failing row is reported, the run goes on
+                live.remove(row)
+                self._report(entry, error=exc)
+                continue
+            if timed:
+                passes.append(result)
 
     def _timed_pass(self, call, work):
         outs, call_seconds = [], []
@@ -254,23 +251,15 @@ def run(args, r: Runner, sets):
             r.measure()
 
 
+def _warm(call, warm) -> None:
+    for x in warm:
+        call(x)
+
+
 def with_setting(setting: str, fn, *args, **kwargs):
-    """Call ``fn`` with one module constant of the policy changed (``NAME=VALUE``, e.g. GRAPH_HOLD_ROUNDS=4):
-    the same run measures a variant of the policy beside the default."""
-    import importlib
-    name, value = setting.split("=")
-    modules = [importlib.import_module(m) for m in ("hf_specdec.generate", "hf_specdec.strategies.speculation_length")]
-    owners = [m for m in modules if hasattr(m, name)]
-    if not owners:
-        raise SystemExit(f"--adaptive-set {setting}: no policy constant {name}")
-    saved = [getattr(m, name) for m in owners]
-    try:
-        for m in owners:
-            setattr(m, name, type(getattr(m, name))(value))
+    """``fn`` called with one policy constant changed (``--adaptive-set``)."""
+    with policy_constants([setting], "--adaptive-set"):
         return fn(*args, **kwargs)
-    finally:
-        for m, v in zip(owners, saved):
-            setattr(m, name, v)
 
 
 def main(argv=None):

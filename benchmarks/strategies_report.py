@@ -6,11 +6,13 @@ import json
 import sys
 
 
+def _find(rows, section, b, name) -> dict:
+    """The row ``name`` of a prompt set at a batch size ({} when it was not measured)."""
+    return next((r for r in rows if (r["section"], r["batch_size"], r["row"]) == (section, b, name)), {})
+
+
 def _rate(rows, section, b, name):
-    for r in rows:
-        if (r["section"], r["batch_size"], r["row"]) == (section, b, name) and r.get("tokens_per_s"):
-            return r["tokens_per_s"]
-    return None
+    return _find(rows, section, b, name).get("tokens_per_s") or None
 
 
 def _ratio(a, b):
@@ -19,10 +21,7 @@ def _ratio(a, b):
 
 def _same(rows, section, b, name, reference="runner_plain"):
     """Share of output rows equal to the reference row's (greedy; bf16 near-ties may flip a few)."""
-    def seqs(n):
-        return next((r.get("sequences") for r in rows if (r["section"], r["batch_size"], r["row"]) == (section, b, n)),
-                    None)
-    a, ref = seqs(name), seqs(reference)
+    a, ref = (_find(rows, section, b, n).get("sequences") for n in (name, reference))
     if not a or not ref:
         return None
     flat_a = [row for batch in a for row in batch]
@@ -31,19 +30,13 @@ def _same(rows, section, b, name, reference="runner_plain"):
 
 
 def _metrics(rows, section, b, name):
-    for r in rows:
-        if (r["section"], r["batch_size"], r["row"]) == (section, b, name):
-            m = r.get("spec_metrics") or {}
-            return {key: m.get(key) for key in ("k_histogram", "acceptance_rate", "match_fraction") if key in m}
-    return {}
+    m = _find(rows, section, b, name).get("spec_metrics") or {}
+    return {key: m.get(key) for key in ("k_histogram", "acceptance_rate", "match_fraction") if key in m}
 
 
 def _paired(rows, section, b, name, reference) -> float | None:
     """Median over passes of (reference's pass time / name's): the passes of one index ran side by side."""
-    def passes(n):
-        return next((r.get("pass_seconds") for r in rows if (r["section"], r["batch_size"], r["row"])
-                     == (section, b, n)), None)
-    a, ref = passes(name), passes(reference)
+    a, ref = (_find(rows, section, b, n).get("pass_seconds") for n in (name, reference))
     if not a or not ref:
         return None
     ratios = sorted(y / x for x, y in zip(a, ref))
@@ -107,9 +100,8 @@ def plot(rows, path: str) -> None:
         points = ([(0, plain)] if plain else []) + fixed
         if points:
             ax.plot(*zip(*points), "o-", label="fixed k (k=0: runner_plain)")
-        adaptive = next((r for r in rows if (r["section"], r["batch_size"], r["row"]) == ("code", b, "adaptive")
-                         and r.get("tokens_per_s")), None)
-        if adaptive:
+        adaptive = _find(rows, "code", b, "adaptive")
+        if adaptive.get("tokens_per_s"):
             hist = adaptive["spec_metrics"]["k_histogram"]
             mean_k = sum(int(k) * n for k, n in hist.items()) / max(sum(hist.values()), 1)
             ax.axhline(adaptive["tokens_per_s"], color="C1", ls="--", label="adaptive")

@@ -3,7 +3,8 @@
 It owns what must outlive a ``generate()`` call for CUDA graphs to be replayed by the
 next one: both models' paged caches (their pools' addresses are baked into the graphs),
 one ``BucketState`` per batch bucket, the captured graphs and the compiled models. A
-call that changes nothing that shapes a graph (``RunnerKey``) captures nothing.
+call that changes nothing that shapes a graph (``RunnerKey``) captures nothing, nor does one
+whose key an earlier call used (``runner_slots.py`` keeps each key's graphs).
 
 Per call: ``begin`` sizes the caches; each row gets its whole budget (prompt +
 max_new_tokens + k + 1) in both caches when it starts (``row_blocks.py``), so a round never
