@@ -118,7 +118,8 @@ def main():
                 if name in ("graphs", "compile") and warm[1] > 0:
                     ok = False
             for name in {"graphs", "compile"} & set(args.paths.split(",")):  # back after other configurations
-                spec = hf_specdec.SpecConfig(num_speculative_tokens=4, **PATHS[name])
+                budget = args.cache_rows * (ids.shape[1] + 64 + 4 + 1) or None  # the same pool: graphs kept
+                spec = hf_specdec.SpecConfig(num_speculative_tokens=4, cache_tokens=budget, **PATHS[name])
                 out = target.generate(**kw, assistant_model=draft, return_dict_in_generate=True, spec_config=spec)
                 same = torch.equal(expected, out.sequences)
                 print(f"{str(dtype):15s} b={batch:3d} {name:8s} again after the other paths: identical {same} "

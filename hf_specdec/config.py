@@ -39,8 +39,8 @@ class SpecConfig:
         spec_metrics are exact (costs a little speed on GPU).
     bucketed: run rounds on the fixed-shape runner (rows padded to batch buckets, bookkeeping
         on the device, one host synchronisation per round). None: where CUDA graphs run.
-        True forces it (also on CPU, without graphs: how the tests cover it); False forces
-        the ragged eager path.
+        True forces it (also on CPU, without graphs: how the tests cover it; prompts are then
+        read in fixed shapes too, as graphs read them); False forces the ragged eager path.
     cuda_graphs: capture the runner's draft loop and verify in CUDA graphs. None: on where
         CUDA is available; True on CPU raises.
     compile: torch.compile the models before capture. None: on where CUDA graphs run;

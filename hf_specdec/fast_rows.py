@@ -1,6 +1,6 @@
 """The rows of the fast path: waiting rows start as the cache budget frees blocks (``admission.py``).
 
-A row starts with a prefill of both models (eager, ragged) and its first token, chosen and
+A row starts with a prefill of both models (fixed shapes: ``runner/prefill.py``) and its first token, chosen and
 committed as plain generate would (Hugging Face's processors and stopping criteria). A row that
 finishes frees its blocks at once; the waiting rows that then fit start at the same sync and the
 bucket is rebuilt with the survivors and them (``runner/row_blocks.py``).
@@ -53,9 +53,11 @@ class FastRows:
     def _start(self, rows: list[int]) -> list[int]:
         batch, spec = self.batch, self.spec
         reserve_rows(self.runner, rows)
+        warm = self.runner.warmup_seconds
         with self.timer("prefill_seconds"):
             raw = self.runner.prefill(rows)
             scores = self.logits(raw, batch.tokens, *batch.history_lens(rows, 1))
             first, _ = choose_tokens(scores, spec.do_sample, spec.generator)
+        self.timer.metrics.prefill_seconds -= self.runner.warmup_seconds - warm  # a new shape's capture: warm-up
         self.finish(self.committer.commit(batch, rows, [[t] for t in first.tolist()], scores, raw, 1))
         return [b for b in rows if not batch.finished[b]]

@@ -98,7 +98,8 @@ def speculative_generate(
         blocks, hint = cache_budget(model, draft, batch, spec_config, runner.pool_bytes())
         admission = Admission(batch, spec_config.block_size, blocks, hint)  # a row too large fails here
         runner.begin(batch, spec, path.logits.signature, request.vocab_size, path.graphs, path.compile,
-                     spec_config.block_size, blocks, hint)
+                     spec_config.block_size, blocks, hint,
+                     fixed_prefill=group is None and (path.graphs or spec_config.bucketed is True))
         policy = SpeculationLength(k, adaptive, method, runner.policy_memory,
                                    hold_rounds=GRAPH_HOLD_ROUNDS if path.graphs else 1)
         with paged_attention_enabled(*((model,) if draft is None else (model, draft))):

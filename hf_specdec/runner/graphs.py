@@ -18,7 +18,8 @@ import torch
 
 class StageGraph:
     def __init__(self, stage: Callable[[], None], buffers: list[torch.Tensor],
-                 generator: Optional[torch.Generator] = None):
+                 generator: Optional[torch.Generator] = None, pool=None):
+        """``pool``: a memory pool shared with other graphs that never run at the same time."""
         self.stage = stage
         self.graph = torch.cuda.CUDAGraph()
         self.capture_seconds = 0.0
@@ -36,7 +37,7 @@ class StageGraph:
             generator.set_state(drawn_from)
         if generator is not None and generator.device.type == "cuda":
             self.graph.register_generator_state(generator)
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, pool=pool):
             stage()
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - start

@@ -25,6 +25,7 @@ from .bucket_state import MAX_EOS_IDS, BucketState, bucket_for
 from .fixed_round import RoundSpec, catch_up_draft, propose, propose_ngram, verify_and_commit
 from .graphs import StageGraph
 from .paged_model import PagedModel
+from .prefill import FixedPrefill
 from .runner_slots import RunnerKey, RunnerSlots, capacity
 
 CATCH_UP = 16  # tokens per row the draft model reads in one window after rounds of k = 0
@@ -38,6 +39,8 @@ class SpecRunner:
         self.slots = RunnerSlots()  # per key: bucket states and graphs (runner_slots.py)
         self.states: dict[int, BucketState] = {}  # the current key's
         self.graphs: dict[tuple[str, int, int], StageGraph] = {}
+        self.prefills = FixedPrefill()  # fixed-shape prefill buffers and graphs (prefill.py)
+        self.fixed_prefill = True
         self.compiled: dict[str, object] = {}
         self.warmup_seconds = 0.0
         self.compile_error: Optional[str] = None
@@ -47,9 +50,11 @@ class SpecRunner:
 
     # -- per call ------------------------------------------------------------------
     def begin(self, batch, spec: RoundSpec, logits_signature: tuple, vocab: int, graphs: bool, compile: bool,
-              block_size: int, cache_blocks: Optional[int], hint: str) -> None:
+              block_size: int, cache_blocks: Optional[int], hint: str, fixed_prefill: bool = True) -> None:
         """Size (or reuse) caches and buckets for this call (rows get blocks as they start: row_blocks.py).
-        ``cache_blocks``: the user's budget per cache (None: what the call needs, rounded up)."""
+        ``cache_blocks``: the user's budget per cache (None: what the call needs, rounded up).
+        ``fixed_prefill``: prompts read in fixed shapes (prefill.py; only where every model runs on the
+        inputs' device), else eagerly and unpadded."""
         self.spec, self.batch, self.warmup_seconds = spec, batch, 0.0
         self.draft_deferred = False
         k = spec.k
@@ -73,6 +78,7 @@ class SpecRunner:
             if self.key is not None and (key.block_size, key.pool_blocks) != (self.key.block_size,
                                                                                self.key.pool_blocks):
                 self.slots.drop_all()  # the graphs kept bake in the pools' addresses
+                self.prefills.drop()
                 if key.block_size != self.key.block_size:
                     self.caches.clear()
             for cache in self.caches.values():
@@ -96,6 +102,8 @@ class SpecRunner:
             cache.add_sequences(batch.size)  # blocks as each row starts: row_blocks.reserve_rows
         self.models = {name: PagedModel(model, self.caches[name], vocab, self._compiled(name, model))
                        for name, model in models.items()}
+        self.fixed_prefill = fixed_prefill and all(_same_device(pm.cache.device, batch.device)
+                                                   for pm in self.models.values())
         prepare = getattr(spec.logits, "prepare", None)
         if prepare is not None:  # device constants of the processors: host copies, never inside a capture
             prepare(vocab, batch.device)
@@ -108,13 +116,19 @@ class SpecRunner:
         return self.draft_deferred
 
     def prefill(self, rows: list[int]) -> torch.Tensor:
-        """Both models read the prompts (eagerly, one ragged forward each; the draft model not while its
-        reading is deferred); the target's last logits ``(B, V)``."""
+        """Both models read the prompts (the draft model not while its reading is deferred); the target's
+        last logits ``(B, V)``. In fixed shapes, graphed where graphs run (prefill.py; a shape's capture
+        counts as warm-up); else eagerly, one ragged forward each."""
         batch = self.batch
         lens = [batch.real_len(b) for b in rows]
+        skip = ("draft",) if self.draft_deferred else ()
+        if self.fixed_prefill and FixedPrefill.fits(lens):
+            out = self.prefills.run(self.models, batch, rows, lens, self.key.table_width, self.key.graphs, skip)
+            self.warmup_seconds += self.prefills.capture_seconds
+            return out
         out = None
         for name, pm in self.models.items():
-            if name == "draft" and self.draft_deferred:
+            if name in skip:
                 continue
             cache, device = pm.cache, batch.device
             step = cache.batch(torch.tensor([b + 1 for b in rows], device=device),
@@ -327,6 +341,13 @@ class SpecRunner:
             self.compiled[name] = torch.compile(model, dynamic=True)
             self.warmup_seconds += time.perf_counter() - start
         return self.compiled[name]
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    if a.type != b.type:
+        return False
+    current = torch.cuda.current_device() if a.type == "cuda" else 0
+    return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
 
 
 class _RunnerCache(dict):

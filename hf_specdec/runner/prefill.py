@@ -1,0 +1,184 @@
+"""Prefill in fixed shapes: the prompts of the rows that start, packed into bucketed sizes, graphed.
+
+An eager prefill is host-bound at small batches: a 16-layer model's Python and launches took about
+25 ms of a 190 ms call at batch 1 on an H100 (against a few ms of GPU work), and its spread between
+calls was the largest noise left in the strategies benchmark. Here a prefill's shape depends only on
+buckets, so it is a function of static device buffers: one CUDA graph per shape, replayed.
+
+Layout of one prefill of ``n`` rows (packed and ragged, as the eager prefill, plus padding):
+
+    B  rows      ``bucket_for(n)``; rows past ``n`` have empty queries (``seq_lens`` 0)
+    T  tokens    ``token_bucket(sum of prompt lengths)``; the tokens past the sum belong to no row,
+                 write their K/V into the scratch sequence's first slot (row 0 of the cache, which
+                 only padding work reads) and attend to nothing anybody reads
+    Q  longest   ``token_bucket(longest prompt)``: the attention kernel's ``max_query_len``
+
+Real tokens attend exactly as in the eager prefill (causal over their own row's keys), so outputs
+are the same up to the kernels' tiling. Logits come from each row's last token only
+(``logits_to_keep`` holds their indices). The graph runs the model itself, not its compiled version
+(a new token count would compile in the middle of a call). The first use of a shape runs the forward
+eagerly (its result is the prefill's) and captures it; later uses replay. All prefill graphs share one
+memory pool (a few shapes of a long prompt would otherwise each hold their own activations), which is
+safe because their inputs and outputs live outside it and one prefill graph runs at a time.
+
+Without CUDA graphs padding saves nothing, so the runner prefills eagerly and unpadded there, except
+under ``SpecConfig(bucketed=True)``, which asks for the fixed-shape execution everywhere: the CPU
+tests then check the very packing that the graphs capture. A tensor-parallel target prefills eagerly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..cache import PagedBatch, paged_forward
+from ..sampling import align_vocab
+from .bucket_state import bucket_for
+from .graphs import StageGraph
+
+PREFILL_MAX_TOKENS = 8192  # above this a prefill is compute-bound: eager and unpadded
+
+
+def token_bucket(n: int) -> int:
+    """The smallest of 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, ... (four steps an octave) holding ``n``:
+    at most a quarter of a prefill is padding, and prompts of 50..400 tokens meet about a dozen shapes."""
+    octave = 16
+    while octave * 2 < n:
+        octave *= 2
+    for quarter in (4, 5, 6, 7, 8):
+        if n <= octave * quarter // 4:
+            return octave * quarter // 4
+    return octave * 2
+
+
+@dataclass
+class PrefillInputs:
+    """Static buffers of one (B, T, Q) shape, shared by the models: what the graphs read."""
+
+    input_ids: torch.Tensor  # (T,)
+    positions: torch.Tensor  # (T,) position of each token in its row (0 past the real tokens)
+    token_row: torch.Tensor  # (T,) the row of each token (0 past the real tokens)
+    real: torch.Tensor  # (T,) bool: a row's token, not padding
+    query_start_loc: torch.Tensor  # (B+1,) int32
+    seq_lens: torch.Tensor  # (B,) int32
+    last: torch.Tensor  # (B,) index of each row's last token (0 for empty rows)
+
+    @classmethod
+    def allocate(cls, B: int, T: int, device: torch.device) -> "PrefillInputs":
+        long = dict(dtype=torch.long, device=device)
+        return cls(torch.zeros(T, **long), torch.zeros(T, **long), torch.zeros(T, **long),
+                   torch.zeros(T, dtype=torch.bool, device=device), torch.zeros(B + 1, dtype=torch.int32,
+                                                                                device=device),
+                   torch.zeros(B, dtype=torch.int32, device=device), torch.zeros(B, **long))
+
+
+class ModelPrefill:
+    """One model's side of a shape: its block tables and slots, the logits out, the graph."""
+
+    def __init__(self, B: int, T: int, width: int, vocab: int, device: torch.device):
+        self.tables = torch.zeros(B, width, dtype=torch.int32, device=device)
+        self.slots = torch.zeros(T, dtype=torch.long, device=device)
+        self.logits = torch.zeros(B, vocab, dtype=torch.float32, device=device)
+        self.graph: Optional[StageGraph] = None
+
+
+class FixedPrefill:
+    """The runner's prefill shapes and graphs. Graphs bake in the caches' pools: ``drop`` when they move."""
+
+    def __init__(self):
+        self.inputs: dict[tuple, PrefillInputs] = {}
+        self.models: dict[tuple, ModelPrefill] = {}
+        self.pool = None
+        self.capture_seconds = 0.0  # capture time of the last ``run`` (the runner counts it as warm-up)
+
+    def drop(self) -> None:
+        self.inputs.clear()
+        self.models.clear()
+
+    @staticmethod
+    def fits(lens: list[int]) -> bool:
+        return token_bucket(sum(lens)) <= PREFILL_MAX_TOKENS
+
+    def run(self, models: dict, batch, rows: list[int], lens: list[int], width: int, graphs: bool,
+            skip: tuple = ()) -> torch.Tensor:
+        """Every model in ``models`` (name -> PagedModel; not those in ``skip``) reads the prompts of batch
+        ``rows`` (``lens`` real tokens each, cache row ``b + 1``); the target's last logits ``(n, V)``."""
+        n, device = len(rows), batch.device
+        B, T, Q = bucket_for(n), token_bucket(sum(lens)), token_bucket(max(lens))
+        self.capture_seconds = 0.0
+        inputs = self.inputs.get((B, T))
+        if inputs is None:
+            inputs = self.inputs[(B, T)] = PrefillInputs.allocate(B, T, device)
+        _pack(inputs, batch, rows, lens)
+        out = None
+        for name, pm in models.items():
+            if name in skip:
+                continue
+            mp = self.models.get((name, B, T, Q, width))
+            if mp is None:
+                mp = self.models[(name, B, T, Q, width)] = ModelPrefill(B, T, width, pm.vocab_size, device)
+            _fill_slots(mp, inputs, pm.cache, rows, width)
+            stage = _forward(pm, inputs, mp, Q)
+            if not graphs:
+                stage()
+            elif mp.graph is None:  # the capture's warm-up computes this prefill: no replay needed
+                if self.pool is None:
+                    self.pool = torch.cuda.graph_pool_handle()
+                mp.graph = StageGraph(stage, [], None, pool=self.pool)
+                self.capture_seconds += mp.graph.capture_seconds
+            else:
+                mp.graph()
+            if name == "target":
+                out = mp.logits[:n].clone()  # another shape's replay may reuse the pool, never this buffer
+        return out
+
+
+def _pack(inputs: PrefillInputs, batch, rows: list[int], lens: list[int]) -> None:
+    """The rows' prompt tokens into the static buffers (device arithmetic from one small host copy)."""
+    n, device = len(rows), batch.device
+    B, T = inputs.seq_lens.shape[0], inputs.input_ids.shape[0]
+    S = sum(lens)
+    starts = [0]
+    for length in lens:
+        starts.append(starts[-1] + length)
+    fill = lambda values: values + [0] * (B + 1 - len(values))  # noqa: E731
+    meta = torch.tensor([starts + [S] * (B - n), fill(lens), fill([s + m - 1 for s, m in zip(starts, lens)]),
+                         fill(rows), fill([batch.pads[b] for b in rows])],
+                        dtype=torch.long).to(device)  # one host-to-device copy, (5, B + 1)
+    qsl, seq_lens, last, batch_rows, pads = meta[0], meta[1, :B], meta[2, :B], meta[3, :n], meta[4, :n]
+    inputs.query_start_loc.copy_(qsl)
+    inputs.seq_lens.copy_(seq_lens)
+    inputs.last.copy_(last)
+    token = torch.arange(T, device=device)
+    row = torch.repeat_interleave(torch.arange(n, device=device), meta[1, :n], output_size=S)
+    inputs.real.fill_(False)
+    inputs.real[:S] = True
+    inputs.token_row.zero_()
+    inputs.token_row[:S] = row
+    inputs.positions.copy_(torch.where(inputs.real, token - qsl[inputs.token_row], 0))
+    ids = batch.tokens[batch_rows[row], pads[row] + inputs.positions[:S]]
+    inputs.input_ids.zero_()
+    inputs.input_ids[:S] = ids
+
+
+def _fill_slots(mp: ModelPrefill, inputs: PrefillInputs, cache, rows: list[int], width: int) -> None:
+    """The model's block tables of the rows (scratch row 0 for empty rows) and the slot of every token
+    (the scratch sequence's first slot for padding tokens)."""
+    n, B = len(rows), mp.tables.shape[0]
+    index = torch.tensor([b + 1 for b in rows] + [0] * (B - n), device=cache.device)
+    mp.tables.copy_(cache.block_tables.index_select(0, index)[:, :width])
+    bs = cache.block_size
+    pos = inputs.positions
+    block = mp.tables.long()[inputs.token_row, pos // bs]
+    scratch = cache.block_tables[0, 0].long() * bs
+    mp.slots.copy_(torch.where(inputs.real, block * bs + pos % bs, scratch))
+
+
+def _forward(pm, inputs: PrefillInputs, mp: ModelPrefill, Q: int):
+    """The stage a graph captures: the model (not compiled) over the static buffers, logits into ``mp``."""
+    def stage():
+        batch = PagedBatch(pm.cache, mp.tables, inputs.seq_lens, inputs.query_start_loc, mp.slots,
+                           inputs.positions, Q)
+        mp.logits.copy_(align_vocab(paged_forward(pm.model, inputs.input_ids, batch, inputs.last), pm.vocab_size))
+    return stage

@@ -1,0 +1,79 @@
+"""Fixed-shape prefill (``runner/prefill.py``): bucketed token counts, padding tokens that touch no row.
+
+On CPU the fixed-shape forward runs eagerly (what CUDA graphs capture on a GPU), so these tests check
+the packing itself: its logits equal the unpadded ragged prefill's, and generation stays exact.
+"""
+import pytest
+import torch
+
+import hf_specdec
+import hf_specdec.runner.prefill as prefill
+from hf_specdec.runner import runner_for
+from hf_specdec.runner.spec_runner import SpecRunner
+from models import left_padded_prompts, make_draft, make_model
+
+
+def test_token_bucket_ladder():
+    values = [prefill.token_bucket(n) for n in range(1, 5000)]
+    for n, b in enumerate(values, start=1):
+        assert b >= n and b >= 16
+        assert n <= 16 or b <= 1.25 * n  # at most a quarter of a prefill is padding
+    assert values == sorted(values)
+    assert len({prefill.token_bucket(n) for n in range(50, 401)}) <= 13  # few shapes to capture
+
+
+@pytest.fixture(scope="module")
+def target():
+    return hf_specdec.enable(make_model("llama", seed=5))
+
+
+def _recorded_prefills(monkeypatch, target, draft, ids, mask, max_tokens):
+    """Greedy spec output and the target logits every prefill of the call returned."""
+    monkeypatch.setattr(prefill, "PREFILL_MAX_TOKENS", max_tokens)
+    seen, original = [], SpecRunner.prefill
+
+    def recording(self, rows):
+        out = original(self, rows)
+        seen.append(out.clone())
+        return out
+
+    monkeypatch.setattr(SpecRunner, "prefill", recording)
+    out = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=12,
+                          assistant_model=draft, pad_token_id=0,
+                          spec_config=hf_specdec.SpecConfig(bucketed=True, block_size=4, num_speculative_tokens=3))
+    monkeypatch.undo()
+    return out, seen
+
+
+@pytest.mark.parametrize("batch", [1, 3, 6])
+def test_fixed_prefill_equals_the_ragged_prefill(monkeypatch, target, batch):
+    """Rows of different lengths packed with padding tokens (and padding rows: 3 -> bucket 4, 6 -> 8) give
+    the logits of the unpadded prefill, and the call's output is plain greedy generate's."""
+    ids, mask = left_padded_prompts(batch, seed=60 + batch, min_len=3, max_len=23)
+    draft = make_draft(target, "mix")
+    expected = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=12,
+                               pad_token_id=0)
+    fixed, fixed_logits = _recorded_prefills(monkeypatch, target, draft, ids, mask, prefill.PREFILL_MAX_TOKENS)
+    runner = runner_for(target, draft)
+    lens = mask.sum(1).tolist()
+    shapes = [key for key in runner.prefills.models if key[0] == "target"]
+    assert shapes and all(T == prefill.token_bucket(sum(lens)) for _, _, T, _, _ in shapes)
+    assert any(T > sum(lens) for _, _, T, _, _ in shapes) or prefill.token_bucket(sum(lens)) == sum(lens)
+    ragged, ragged_logits = _recorded_prefills(monkeypatch, target, draft, ids, mask, 0)  # 0: never fits
+    assert torch.equal(fixed, expected) and torch.equal(ragged, expected)
+    assert len(fixed_logits) == len(ragged_logits) == 1
+    torch.testing.assert_close(fixed_logits[0], ragged_logits[0], rtol=1e-5, atol=1e-5)
+
+
+def test_rows_starting_in_waves_use_their_own_shapes(target):
+    """A cache budget of two rows: rows start in several prefills of different shapes, output still exact."""
+    ids, mask = left_padded_prompts(5, seed=77, min_len=4, max_len=19)
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=10, pad_token_id=0)
+    expected = target.generate(**kw)
+    width = ids.shape[1] + 10 + 2 + 1
+    draft = make_draft(target, "full")
+    out = target.generate(**kw, assistant_model=draft, spec_config=hf_specdec.SpecConfig(
+        bucketed=True, block_size=4, num_speculative_tokens=2, cache_tokens=2 * width))
+    assert torch.equal(out, expected)
+    shapes = {key[1:3] for key in runner_for(target, draft).prefills.models}
+    assert len(shapes) >= 2  # (rows, tokens) of the first wave and of later ones
