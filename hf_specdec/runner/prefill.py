@@ -76,10 +76,10 @@ class PrefillInputs:
 class ModelPrefill:
     """One model's side of a shape: its block tables and slots, the logits out, the graph."""
 
-    def __init__(self, B: int, T: int, width: int, vocab: int, device: torch.device):
+    def __init__(self, B: int, T: int, width: int, logits: torch.Tensor, device: torch.device):
         self.tables = torch.zeros(B, width, dtype=torch.int32, device=device)
         self.slots = torch.zeros(T, dtype=torch.long, device=device)
-        self.logits = torch.zeros(B, vocab, dtype=torch.float32, device=device)
+        self.logits = logits  # (B, V) fp32, shared by the model's shapes of B rows (read before the next)
         self.graph: Optional[StageGraph] = None
 
 
@@ -89,12 +89,14 @@ class FixedPrefill:
     def __init__(self):
         self.inputs: dict[tuple, PrefillInputs] = {}
         self.models: dict[tuple, ModelPrefill] = {}
+        self.logits: dict[tuple, torch.Tensor] = {}  # (model, B, vocab) -> its shapes' logits out (262k-token rows)
         self.pool = None
         self.capture_seconds = 0.0  # capture time of the last ``run`` (the runner counts it as warm-up)
 
     def drop(self) -> None:
         self.inputs.clear()
         self.models.clear()
+        self.logits.clear()
 
     @staticmethod
     def fits(lens: list[int]) -> bool:
@@ -117,7 +119,10 @@ class FixedPrefill:
                 continue
             mp = self.models.get((name, B, T, Q, width))
             if mp is None:
-                mp = self.models[(name, B, T, Q, width)] = ModelPrefill(B, T, width, pm.vocab_size, device)
+                logits = self.logits.get((name, B, pm.vocab_size))
+                if logits is None:
+                    logits = self.logits[(name, B, pm.vocab_size)] = torch.zeros(B, pm.vocab_size, device=device)
+                mp = self.models[(name, B, T, Q, width)] = ModelPrefill(B, T, width, logits, device)
             _fill_slots(mp, inputs, pm.cache, rows, width)
             stage = _forward(pm, inputs, mp, Q)
             if not graphs:
