@@ -59,7 +59,8 @@ def bucket_warmups(batch, b):
 def run_spec_row(bench, method, variant, b, mode, batches, spec_config, draft, time_pieces):
     k = spec_config.num_speculative_tokens
     kw = bench.gen_kwargs(mode)
-    warm = batches[:1] if spec_config.bucketed is False else bucket_warmups(batches[0], b)
+    # runner rows: every batch once too (each prompt's prefill shape is captured before the timed calls)
+    warm = batches[:1] if spec_config.bucketed is False else bucket_warmups(batches[0], b) + batches[1:]
     settings = {name: getattr(spec_config, name) for name in ("num_speculative_tokens", "bucketed", "cuda_graphs",
                                                                "compile")}
     entry = bench.run(method, variant, b, mode,

@@ -17,8 +17,9 @@ Rows per batch size (greedy, the same prompts and max_new_tokens within a prompt
     ngram k=K       SpecConfig(method="ngram", k, adaptive=False)
     ngram adaptive  SpecConfig(method="ngram", k)
 
-The rows of one prompt set at one batch size are measured together: each warms up (the first batch
-and one per smaller bucket, so that timed calls capture and compile nothing; the runner keeps every
+The rows of one prompt set at one batch size are measured together: each warms up (every batch, and
+the first one's rows once per smaller bucket, so that timed calls capture and compile nothing, prefill
+shapes included; the runner keeps every
 configuration's graphs), twice over the rows (one row's warm-up can undo another's), then each of --passes passes times every row in turn over all batches,
 with a garbage collection before each call outside its time. tokens/s = generated tokens / time of
 the row's fastest pass (every pass's time and the chosen pass's per-call times are kept).
@@ -222,7 +223,7 @@ def run(args, r: Runner, sets):
     for b in [int(x) for x in args.batch_sizes.split(",")]:
         for section in args.sections.split(","):
             work = batches(r.tok, sets[section], b, args.num_prompts, args.max_prompt_tokens, r.device)
-            warm = bucket_warmups(work[0], b)
+            warm = bucket_warmups(work[0], b) + work[1:]  # every prompt once too: its prefill shape captured
             r.row(section, b, "hf_compiled", lambda x: hf(x, **compiled), work, work[:1])
             r.row(section, b, "runner_plain", lambda x: ours(x, num_speculative_tokens=0), work, warm)
             if section == "edit":
