@@ -19,6 +19,8 @@ verdicts the runner would report).
 GPU:  PYTHONPATH=. python benchmarks/policy_replay.py trace --target runs/pair/target \\
           --draft runs/pair/draft --prompts .devshim/he/HumanEval.jsonl.gz --out $OUT/traces.json
 CPU:  python benchmarks/policy_replay.py replay --traces traces.json --batch 1
+      (--costs RESULT.json: another run's round costs on the same texts, e.g. a bf16 strategies
+      result's; benchmarks/synthetic_traces.py writes traces of a chosen acceptance shape)
 """
 from __future__ import annotations
 
@@ -57,6 +59,9 @@ def parse_args(argv=None):
     r.add_argument("--num-prompts", type=int, default=None, help="the first N traces (default all)")
     r.add_argument("--draft", default="draft", choices=("draft", "useless"))
     r.add_argument("--passes", type=int, default=3, help="passes over the calls (the policy's memory persists)")
+    r.add_argument("--costs", default=None, metavar="JSON",
+                   help="round costs from another run: a strategies result (its adaptive row's round_costs_ms, "
+                        "e.g. the bf16 run's) or a traces file (default: the traces' own)")
     r.add_argument("--decision-ms", type=float, default=0.0, help="host time of a fresh policy decision")
     r.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="override a module constant of strategies/speculation_length.py (e.g. _DECAY=0.99)")
@@ -151,6 +156,26 @@ def replay_call(policy, bucket: int, runs: list[np.ndarray], cost: np.ndarray, d
         policy.observe(bucket, k, float(cost[k]), verdicts)
 
 
+def costs_of(path: str) -> dict:
+    """Round costs (ms per bucket and k) of a traces file or of a strategies result's adaptive row."""
+    with open(path) as fh:
+        report = json.load(fh)
+    if "costs_ms" in report:
+        return report["costs_ms"]
+    for row in report["rows"]:
+        if row.get("row") == "adaptive" and (row.get("spec_metrics") or {}).get("round_costs_ms"):
+            return row["spec_metrics"]["round_costs_ms"]
+    raise SystemExit(f"{path}: no costs_ms and no adaptive row with round_costs_ms")
+
+
+def round_costs(costs_ms: dict, bucket: int, source: str) -> np.ndarray:
+    """Seconds of a round of k = 0..K at ``bucket``."""
+    table = costs_ms.get(str(bucket))
+    if table is None:
+        raise SystemExit(f"no round costs for bucket {bucket} in {source} (recorded: {sorted(costs_ms)})")
+    return np.array([table[str(k)] for k in range(len(table))]) / 1e3
+
+
 def replay(args) -> dict:
     with policy_constants(args.set):  # --set NAME=VALUE: the policy's constants, restored after
         return _replay(args)
@@ -164,11 +189,8 @@ def _replay(args) -> dict:
         report = json.load(fh)
     traces = report["traces"][:args.num_prompts]
     bucket = bucket_for(args.batch)
-    if str(bucket) not in report["costs_ms"]:
-        raise SystemExit(f"--batch {args.batch}: no round costs for bucket {bucket} in {args.traces} "
-                         f"(recorded: {sorted(report['costs_ms'])})")
-    cost = np.array([report["costs_ms"][str(bucket)][str(k)] for k in range(len(report["costs_ms"][str(bucket)]))])
-    cost = cost / 1e3
+    cost = round_costs(report["costs_ms"] if args.costs is None else costs_of(args.costs), bucket,
+                       args.costs or args.traces)
     k_max = len(cost) - 1
     runs = [runs_of_agreement(t[args.draft]) for t in traces]
     calls = [runs[i:i + args.batch] for i in range(0, len(runs), args.batch)]

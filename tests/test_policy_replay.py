@@ -1,5 +1,6 @@
 """benchmarks/policy_replay.py's premise: on fp32 greedy texts, a teacher-forced draft forward predicts every
 round of the runner exactly, so the policy can be judged on the CPU from traces recorded on the GPU."""
+import json
 import os
 import sys
 
@@ -12,11 +13,25 @@ from hf_specdec.strategies.speculation_length import SpeculationLength
 from models import left_padded_prompts, make_draft, make_model
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.policy_replay import agreement, replay_call, runs_of_agreement  # noqa: E402
+from benchmarks.policy_replay import agreement, costs_of, replay_call, round_costs, runs_of_agreement  # noqa: E402
 
 
 def test_runs_of_agreement():
     assert runs_of_agreement("0110111").tolist() == [0, 2, 1, 0, 3, 2, 1, 0]
+
+
+def test_round_costs_from_traces_or_a_strategies_result(tmp_path):
+    """``replay --costs``: a traces file's costs_ms, or a strategies result's adaptive row (another run's
+    round costs, e.g. bf16's, on the same texts)."""
+    table = {"1": {"0": 1.0, "1": 1.5}}
+    traces, strategies = tmp_path / "traces.json", tmp_path / "strategies.json"
+    traces.write_text(json.dumps({"costs_ms": table, "traces": []}))
+    strategies.write_text(json.dumps({"rows": [{"row": "fixed k=1", "spec_metrics": {}},
+                                               {"row": "adaptive", "spec_metrics": {"round_costs_ms": table}}]}))
+    for path in (traces, strategies):
+        assert round_costs(costs_of(str(path)), 1, str(path)).tolist() == [1e-3, 1.5e-3]
+    with pytest.raises(SystemExit, match="bucket 8"):
+        round_costs(table, 8, "traces.json")
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])

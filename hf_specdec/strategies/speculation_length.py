@@ -1,18 +1,36 @@
 """How many tokens to propose this round: k in [0, k_max], chosen from measured costs.
 
-A round of k drafts emits, for a row whose drafts are accepted independently with
-probability ``a`` (and, for n-gram rows, which find a match with probability ``m``),
+Where the draft agrees with the target, a text has runs of agreement, each ended by a token the
+draft gets wrong. A round of k that starts at a run's first token accepts drafts along the run
+and emits one token more: the target's own where the run ends, a free one after k accepted
+drafts. A run of L agreements and its end take ceil((L + 1) / (k + 1)) rounds, so a row (an
+n-gram row finding a match with probability ``m``) emits per round
 
-    E_row(k) = 1 + m * (a + a^2 + ... + a^k)      (at most the row's remaining tokens)
+    E_row(k) = 1 + m * (E[L + 1] / E[ceil((L + 1) / (k + 1))] - 1)   (at most its remaining tokens)
 
-tokens, and costs ``c(B, k)`` seconds for the whole bucket of B rows (draft steps plus a
-verify of k+1 tokens per row; k = 0 is a plain decoding step through the same verify).
-A call ends when its slowest row ends, so the policy minimises the time to finish the
-bottleneck row: ``argmin_k c(B, k) * max_rows remaining_row / E_row(k)``. At batch 1 that is
-the row's own tokens per second; in a batch it follows the row with the most work left per
-token a round gives it (measured on an H100: maximising the batch's summed tokens per second
-instead picked long rounds that the fastest rows enjoyed while the slowest set the pace).
+tokens; with one acceptance rate a for every draft (L geometric) that is 1 + m(a + ... + a^k).
+On an H100 pair (run J) it was not: the 2nd and 5th tokens of a run agreed with 0.56 and 0.36,
+the others with 0.91-0.94, and k = 4 (whose 5th token is the free one) gave 28% more tokens per
+round than k = 3 where a + ... + a^k expected 12-14%. A round costs ``c(B, k)`` seconds for the
+whole bucket of B rows (draft steps plus a verify of k+1 tokens per row; k = 0 is a plain
+decoding step through the same verify). A call ends when its slowest row ends, so the policy
+minimises the time to finish the bottleneck row: ``argmin_k c(B, k) * max_rows remaining_row /
+E_row(k)``. At batch 1 that is the row's own tokens per second; in a batch it follows the row
+with the most work left per token a round gives it (measured on an H100: maximising the batch's
+summed tokens per second instead picked long rounds that the fastest rows enjoyed while the
+slowest set the pace).
 
+* L per row: the j-th token of a run agrees, given the earlier ones, with the row's acceptance
+  ``a`` moved in log-odds by ``d_j``, the log-odds of the drafts accepted at run position j over
+  the row rates they were tested at, pooled over rows and calls (j up to two rounds of k_max + 1,
+  the last repeating beyond; all d_j = 0 is the geometric model). A round after a rejection
+  starts a run, one after a round that accepted all continues it past the token emitted (after
+  other rounds the position is unknown and not counted). Where few drafts were seen lately, d_j
+  leans on d_(j-1), or on 0 if higher, and a mean of the d_j below 0 is dropped: a position the
+  rounds no longer reach is not judged worse than the one before (a longer round gets tried), and
+  a row is not judged below its own rate, where rounds of k = 0 would bring no verdicts to undo
+  it. Replayed on traces of run J's shape (``benchmarks/synthetic_traces.py``) at batch 1 this
+  reached 0.98-1.00 of the best fixed k, where ``a + ... + a^k`` reached 0.91-0.97.
 * ``a`` per row: decayed counts of accepted / rejected drafts (a run that stops before the
   row's count is one rejection) on two memories. The short one (about five rounds) follows
   hard stretches of text; its prior, worth 16 drafts, is the row's long memory (about thirty
@@ -30,12 +48,15 @@ instead picked long rounds that the fastest rows enjoyed while the slowest set t
   must not price a k out for good). The runner times every k's round when it captures a
   bucket; the eager path learns them from its rounds: until ``k_max`` and ``0`` are both
   measured for a bucket, the policy tries them, and other k are interpolated linearly.
+  Without graphs the first round of each (bucket, k) in a call is not timed (one-time work),
+  and a round in which no row drafted (no n-gram match) stands in for a k's cost only until
+  a round that drafted is measured.
 * After a run of k = 0 the policy probes k > 0 once (after 16, 32, 64 ... 1024 rounds, a
   schedule kept across calls) so that a draft which starts to agree again is noticed.
-* The host work per round is a few array operations over rows x k (numpy), not Python loops:
-  at batch 32 a round lasts about 2 ms and per-row Python cost a tenth of it (H100). On CUDA
-  graphs a decision stands two rounds (k = 0 sixteen, a probe one), and the cost table is
-  rebuilt after every 16 new measurements, not after each.
+* The host work per round is a few array operations over rows x positions (numpy), not Python
+  loops: at batch 32 a round lasts about 2 ms and per-row Python cost a tenth of it (H100). On
+  CUDA graphs a decision stands two rounds (k = 0 sixteen, a probe one); the cost table is
+  rebuilt after every 16 new measurements, the d_j after 8 rounds that drafted.
 
 Buckets fix the shape of a round, so k is one number per round.
 """
@@ -46,6 +67,8 @@ from statistics import median
 from typing import Optional
 
 import numpy as np
+
+from .run_positions import RunPositions
 
 _DECAY = 0.8  # weight of older rounds in a row's short-memory counts: hard stretches of text are short
 _LONG_DECAY = 0.97  # ... in its long-memory counts: a row whose text the draft never learned
@@ -66,9 +89,9 @@ class SpeculationLength:
     def __init__(self, k_max: int, adaptive: bool, method: str, memory: Optional[dict] = None,
                  hold_rounds: int = 1):
         """``memory``: what outlives a call (kept on the runner): round costs, the acceptance seen, the
-        probing schedule. A fresh dict starts from nothing. ``hold_rounds``: a decision stands this many
-        rounds of the same bucket and rows (the fast path's rounds last a millisecond or two, and the
-        host's policy work delays the next one; estimates move slowly anyway)."""
+        run-position corrections, the probing schedule. A fresh dict starts from nothing. ``hold_rounds``:
+        a decision stands this many rounds of the same bucket and rows (the fast path's rounds last a
+        millisecond or two, and the host's policy work delays the next one; estimates move slowly anyway)."""
         self.k_max, self.adaptive, self.method = k_max, adaptive, method
         self.hold_rounds = hold_rounds
         self._held: Optional[list] = None  # [(bucket, live rows), k, rounds it still stands]
@@ -82,10 +105,13 @@ class SpeculationLength:
         self.seen = [0.0, 0.0]  # this call's accepted drafts and rejections over all rows (not decayed)
         # per call row, decayed: accepted, rejected (short memory), matched, unmatched, accepted, rejected (long)
         self.stats = np.zeros((0, 6))
+        self.run_at = np.zeros(0, dtype=np.int64)  # per call row: its next round's run position (0: unknown)
+        self.runs = RunPositions(k_max, self.memory)
         self._decays = np.array([_DECAY] * 2 + [_LONG_DECAY] * 4)  # per column of stats, per round observed
         self.histogram: Counter = Counter()
         self._tables: dict[int, np.ndarray] = {}  # bucket -> cost_table, until _TABLE_REFRESH new measurements
         self._fresh: Counter = Counter()  # bucket -> measurements since its table was built
+        self._timed: set = set()  # (bucket, k) whose first round of this call was dropped as warm-up
         self.memory.setdefault("zero_streak", 0)
         self.memory.setdefault("probe_every", _FIRST_PROBE)
 
@@ -161,9 +187,8 @@ class SpeculationLength:
     def bottleneck_rounds(self, rows: list[int], remaining: list[int]) -> np.ndarray:
         """For k = 0..k_max: rounds the slowest row still needs, ``max_rows remaining / E_row(k)``."""
         left = np.maximum(np.asarray(remaining, dtype=np.float64), 1.0)[:, None]
-        a, m = self._acceptance(rows)[:, None], self._match_rate(rows)[:, None]
-        runs = np.cumsum(a ** np.arange(1, self.k_max + 1), axis=1)  # a + a^2 + ... + a^k
-        emitted = np.minimum(np.concatenate([np.ones_like(a), 1.0 + m * runs], axis=1), left)
+        m = self._match_rate(rows)[:, None]
+        emitted = np.minimum(1.0 + m * (self.runs.tokens_per_round(self._acceptance(rows)) - 1.0), left)
         return np.maximum((left / emitted).max(axis=0), 1.0)
 
     @property
@@ -180,7 +205,9 @@ class SpeculationLength:
         """The stats of these rows (grown with zeros for rows not seen yet)."""
         index = np.asarray(rows, dtype=np.int64)
         if index.size and index.max() >= len(self.stats):
-            self.stats = np.concatenate([self.stats, np.zeros((int(index.max()) + 1 - len(self.stats), 6))])
+            grow = int(index.max()) + 1 - len(self.stats)
+            self.stats = np.concatenate([self.stats, np.zeros((grow, 6))])
+            self.run_at = np.concatenate([self.run_at, np.zeros(grow, dtype=np.int64)])
         return index
 
     def _acceptance(self, rows) -> np.ndarray:
@@ -232,10 +259,20 @@ class SpeculationLength:
         """Every k of this bucket measured (in this call or an earlier one)."""
         return all((bucket, k) in self.costs for k in range(self.k_max + 1))
 
-    def record_cost(self, bucket: int, k: int, seconds: float) -> None:
+    def record_cost(self, bucket: int, k: int, seconds: float, drafted: bool = True) -> None:
         """One clean measurement of a round of ``k`` at ``bucket`` rows. The table follows at once while a k
-        has few samples (the runner's first timings), else after ``_TABLE_REFRESH`` of them."""
-        samples = self.costs.setdefault((bucket, k), [])
+        has few samples (the runner's first timings), else after ``_TABLE_REFRESH`` of them. A round of
+        k > 0 in which no row drafted (n-gram rows without a match) only stands in until a round that
+        drafted is measured: it did not do a drafting round's work."""
+        key, stand_ins = (bucket, k), self.memory.setdefault("stand_ins", set())
+        if not drafted:
+            if key in self.costs and key not in stand_ins:
+                return
+            stand_ins.add(key)
+        elif key in stand_ins:
+            stand_ins.discard(key)
+            self.costs.pop(key, None)
+        samples = self.costs.setdefault(key, [])
         self._fresh[bucket] += 1
         if len(samples) < 3 or self._fresh[bucket] >= _TABLE_REFRESH:
             self._tables.pop(bucket, None)
@@ -248,15 +285,17 @@ class SpeculationLength:
         ``(row, accepted, count)`` (count: drafts the row really proposed). A fixed k learns nothing."""
         if not self.adaptive:
             return
-        if seconds is not None:
-            self.record_cost(bucket, k, seconds)
-        if not verdicts:
-            return
         v = np.asarray(verdicts, dtype=np.int64).reshape(-1, 3)
+        if seconds is not None and not self._warming_up(bucket, k):
+            self.record_cost(bucket, k, seconds, drafted=k == 0 or not len(v) or bool(v[:, 2].any()))
+        if not len(v):
+            return
         index = self._rows(v[:, 0])
         if k == 0:  # no verdicts: each row's estimate relaxes toward the prior, so a dip is retried
             self.stats[index] *= _IDLE_DECAY
+            self.run_at[index] = 0
             return
+        self.run_at[index] = self.runs.observe(self._acceptance(index), v[:, 1], v[:, 2], self.run_at[index])
         accepted, count = v[:, 1].astype(np.float64), v[:, 2]
         drafted, rejected = count > 0, (v[:, 1] < count) & (count > 0)
         st = self.stats[index] * self._decays
@@ -267,6 +306,15 @@ class SpeculationLength:
         self.stats[index] = st
         self.seen[0] += float(accepted[drafted].sum())
         self.seen[1] += float(rejected.sum())
+
+    def _warming_up(self, bucket: int, k: int) -> bool:
+        """Without graphs (``hold_rounds == 1``) the first round of each (bucket, k) in a call is not timed:
+        it carries one-time work (a fresh process's first n-gram round on the CPU took 13.4 ms, later ones
+        7.3, and priced drafting out of its call), as the fast path drops rounds that captured."""
+        if self.hold_rounds > 1 or (bucket, k) in self._timed:
+            return False
+        self._timed.add((bucket, k))
+        return True
 
     def cost_summary(self) -> dict:
         """Milliseconds of a round per bucket and k as the policy sees them (for spec_metrics)."""
