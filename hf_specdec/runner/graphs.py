@@ -19,8 +19,9 @@ import torch
 class StageGraph:
     def __init__(self, stage: Callable[[], None], buffers: list[torch.Tensor],
                  generator: Optional[torch.Generator] = None, pool=None):
-        """``pool``: a memory pool shared with other graphs that never run at the same time."""
-        self.stage = stage
+        """``pool``: a memory pool shared with other graphs that never run at the same time. The stage is not
+        kept: its closure holds the runner, whose dicts hold this graph, and such a cycle would leave a dropped
+        graph (and its memory pool) to the garbage collector instead of freeing it when it is dropped."""
         self.graph = torch.cuda.CUDAGraph()
         self.capture_seconds = 0.0
         start = time.perf_counter()

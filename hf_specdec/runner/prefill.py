@@ -63,6 +63,7 @@ class PrefillInputs:
     query_start_loc: torch.Tensor  # (B+1,) int32
     seq_lens: torch.Tensor  # (B,) int32
     last: torch.Tensor  # (B,) index of each row's last token (0 for empty rows)
+    cache_rows: torch.Tensor  # (B,) each row's cache row (batch row + 1; 0, the scratch sequence, for empty rows)
 
     @classmethod
     def allocate(cls, B: int, T: int, device: torch.device) -> "PrefillInputs":
@@ -70,7 +71,7 @@ class PrefillInputs:
         return cls(torch.zeros(T, **long), torch.zeros(T, **long), torch.zeros(T, **long),
                    torch.zeros(T, dtype=torch.bool, device=device), torch.zeros(B + 1, dtype=torch.int32,
                                                                                 device=device),
-                   torch.zeros(B, dtype=torch.int32, device=device), torch.zeros(B, **long))
+                   torch.zeros(B, dtype=torch.int32, device=device), torch.zeros(B, **long), torch.zeros(B, **long))
 
 
 class ModelPrefill:
@@ -123,7 +124,7 @@ class FixedPrefill:
                 if logits is None:
                     logits = self.logits[(name, B, pm.vocab_size)] = torch.zeros(B, pm.vocab_size, device=device)
                 mp = self.models[(name, B, T, Q, width)] = ModelPrefill(B, T, width, logits, device)
-            _fill_slots(mp, inputs, pm.cache, rows, width)
+            _fill_slots(mp, inputs, pm.cache, width)
             stage = _forward(pm, inputs, mp, Q)
             if not graphs:
                 stage()
@@ -155,6 +156,7 @@ def _pack(inputs: PrefillInputs, batch, rows: list[int], lens: list[int]) -> Non
     inputs.query_start_loc.copy_(qsl)
     inputs.seq_lens.copy_(seq_lens)
     inputs.last.copy_(last)
+    inputs.cache_rows.copy_(torch.where(torch.arange(B, device=device) < n, meta[3, :B] + 1, 0))
     token = torch.arange(T, device=device)
     row = torch.repeat_interleave(torch.arange(n, device=device), meta[1, :n], output_size=S)
     inputs.real.fill_(False)
@@ -167,12 +169,11 @@ def _pack(inputs: PrefillInputs, batch, rows: list[int], lens: list[int]) -> Non
     inputs.input_ids[:S] = ids
 
 
-def _fill_slots(mp: ModelPrefill, inputs: PrefillInputs, cache, rows: list[int], width: int) -> None:
+def _fill_slots(mp: ModelPrefill, inputs: PrefillInputs, cache, width: int) -> None:
     """The model's block tables of the rows (scratch row 0 for empty rows) and the slot of every token
-    (the scratch sequence's first slot for padding tokens)."""
-    n, B = len(rows), mp.tables.shape[0]
-    index = torch.tensor([b + 1 for b in rows] + [0] * (B - n), device=cache.device)
-    mp.tables.copy_(cache.block_tables.index_select(0, index)[:, :width])
+    (the scratch sequence's first slot for padding tokens). Device work only: no copy from the host waits
+    for an earlier model's prefill."""
+    mp.tables.copy_(cache.block_tables.index_select(0, inputs.cache_rows)[:, :width])
     bs = cache.block_size
     pos = inputs.positions
     block = mp.tables.long()[inputs.token_row, pos // bs]
