@@ -62,6 +62,8 @@ def parse_args(argv=None):
     r.add_argument("--costs", default=None, metavar="JSON",
                    help="round costs from another run: a strategies result (its adaptive row's round_costs_ms, "
                         "e.g. the bf16 run's) or a traces file (default: the traces' own)")
+    r.add_argument("--shrink", action="store_true",
+                   help="the bucket follows the live rows as they finish (32 -> 24 -> 16 ...), each at its costs")
     r.add_argument("--decision-ms", type=float, default=0.0, help="host time of a fresh policy decision")
     r.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="override a module constant of strategies/speculation_length.py (e.g. _DECAY=0.99)")
@@ -133,9 +135,13 @@ def runs_of_agreement(bits: str) -> np.ndarray:
     return run
 
 
-def replay_call(policy, bucket: int, runs: list[np.ndarray], cost: np.ndarray, decision_s: float) -> tuple:
+def replay_call(policy, bucket: int, runs: list[np.ndarray], cost: np.ndarray, decision_s: float,
+                shrink: dict = None) -> tuple:
     """One call: rows start after the prefill's token; each round emits min(k, run) + 1 per live row.
+    ``shrink``: bucket -> costs; the bucket follows the live rows (``bucket_for``), as in the runner.
     Returns (rounds, seconds)."""
+    from hf_specdec.runner import bucket_for
+
     pos = [1] * len(runs)
     ends = [len(r) - 1 for r in runs]
     rounds, seconds = 0, 0.0
@@ -143,6 +149,9 @@ def replay_call(policy, bucket: int, runs: list[np.ndarray], cost: np.ndarray, d
         live = [i for i in range(len(runs)) if pos[i] < ends[i]]
         if not live:
             return rounds, seconds
+        if shrink is not None:
+            bucket = bucket_for(len(live))
+            cost = shrink[bucket]
         before = policy._held
         k = policy.choose(bucket, live, [ends[i] - pos[i] for i in live])
         fresh = policy._held is not before  # a held decision keeps its list
@@ -192,16 +201,22 @@ def _replay(args) -> dict:
     cost = round_costs(report["costs_ms"] if args.costs is None else costs_of(args.costs), bucket,
                        args.costs or args.traces)
     k_max = len(cost) - 1
+    shrink = None
+    if args.shrink:
+        table = report["costs_ms"] if args.costs is None else costs_of(args.costs)
+        shrink = {b: round_costs(table, b, args.costs or args.traces)
+                  for b in sorted({bucket_for(n) for n in range(1, args.batch + 1)})}
     runs = [runs_of_agreement(t[args.draft]) for t in traces]
     calls = [runs[i:i + args.batch] for i in range(0, len(runs), args.batch)]
     results = {}
     for name, k, adaptive in [(f"fixed k={k}", k, False) for k in range(k_max + 1)] + [("adaptive", k_max, True)]:
-        memory = {"costs": {(bucket, j): [float(c)] for j, c in enumerate(cost)}}
+        memory = {"costs": {(b, j): [float(c)] for b, row in (shrink or {bucket: cost}).items()
+                            for j, c in enumerate(row)}}
         total_rounds, total_seconds, histogram = 0, 0.0, Counter()
         for p in range(args.passes):
             for call in calls:
                 policy = sl.SpeculationLength(k, adaptive, "draft", memory, hold_rounds=sl.GRAPH_HOLD_ROUNDS)
-                rounds, seconds = replay_call(policy, bucket, call, cost, args.decision_ms / 1e3)
+                rounds, seconds = replay_call(policy, bucket, call, cost, args.decision_ms / 1e3, shrink)
                 policy.end_call()
                 if p == args.passes - 1:  # the last pass: the policy's memory is warm, as in a timed pass
                     total_rounds, total_seconds = total_rounds + rounds, total_seconds + seconds

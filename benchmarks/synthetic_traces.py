@@ -28,6 +28,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.policy_replay import costs_of  # noqa: E402
 
 RUN_J_HAZARDS = (0.91, 0.56, 0.94, 0.94, 0.36, 0.5)
+# run K (H200, bf16): with a row's log-odds moved by 0.8 * N(0, 1) (``--logit-spread``), fixed k's rounds match
+# run K's within 4% at batch 32 (the slowest row of 32 per call: 92.5, 87, 84.5, 82.5, 80.5 ... for k = 1..8;
+# the mean row: 70, 51, 42, 37, 33, 31, 29, 28) and at batch 1; rows differ as much as HumanEval's texts did
+RUN_K_HAZARDS = (0.78, 0.82, 0.88, 0.92, 0.94)
+RUN_K_LOGIT_SPREAD = 0.8
 
 
 def parse_args(argv=None):
@@ -37,6 +42,9 @@ def parse_args(argv=None):
                    help="acceptance of the j-th draft of a run given the earlier ones (the last repeats)")
     p.add_argument("--spread", type=float, default=0.0,
                    help="rows differ: row r's hazards are h ** exp(spread * N(0, 1)) (0: every row alike)")
+    p.add_argument("--logit-spread", type=float, default=0.0,
+                   help="rows differ: row r's hazards move by logit-spread * N(0, 1) in log-odds (run K: 0.8)")
+    p.add_argument("--run-k", action="store_true", help="run K's shape: its hazards and --logit-spread 0.8")
     p.add_argument("--num-traces", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
@@ -57,7 +65,7 @@ def agreement_bits(hazards: np.ndarray, length: int, rng: np.random.Generator) -
 
 
 def synthetic_report(costs_ms: dict, hazards, num_traces: int, new_tokens: int, spread: float = 0.0,
-                     seed: int = 0) -> dict:
+                     seed: int = 0, logit_spread: float = 0.0) -> dict:
     """A traces report (``policy_replay`` reads it): every text ``new_tokens`` long, a draft following
     ``hazards`` and a useless one (never agrees)."""
     rng = np.random.default_rng(seed)
@@ -65,9 +73,12 @@ def synthetic_report(costs_ms: dict, hazards, num_traces: int, new_tokens: int, 
     traces = []
     for _ in range(num_traces):
         h = base ** np.exp(spread * rng.standard_normal()) if spread else base
+        if logit_spread:
+            h = 1.0 / (1.0 + np.exp(logit_spread * rng.standard_normal() - np.log(h / (1.0 - h))))
         traces.append({"prompt_tokens": 0, "new_tokens": new_tokens, "draft": agreement_bits(h, new_tokens, rng),
                        "useless": "0" * new_tokens})
-    return {"args": {"synthetic": True, "hazards": list(map(float, base)), "spread": spread, "seed": seed},
+    return {"args": {"synthetic": True, "hazards": list(map(float, base)), "spread": spread,
+                     "logit_spread": logit_spread, "seed": seed},
             "device": "synthetic", "costs_ms": costs_ms, "traces": traces}
 
 
@@ -86,8 +97,10 @@ def conditional_acceptance(bits: list[str], positions: int) -> np.ndarray:
 def main(argv=None):
     args = parse_args(argv)
     hazards = [float(x) for x in args.hazards.split(",")]
+    if args.run_k:
+        hazards, args.logit_spread = list(RUN_K_HAZARDS), RUN_K_LOGIT_SPREAD
     report = synthetic_report(costs_of(args.costs), hazards, args.num_traces, args.new_tokens, args.spread,
-                              args.seed)
+                              args.seed, args.logit_spread)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump(report, fh)

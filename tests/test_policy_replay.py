@@ -62,3 +62,19 @@ def test_replayed_rounds_match_the_runner(k):
     assert replayed == rounds
     # a call's last round may accept drafts past its last token, which the trace cannot know
     assert predicted_accepted <= accepted <= predicted_accepted + len(runs) * k
+
+
+def test_shrinking_buckets_follow_the_live_rows(tmp_path):
+    """--shrink: a call's rounds are priced at the bucket of its live rows (a row that ends early leaves
+    the other at bucket 1's cost)."""
+    costs = {"1": {"0": 1.0, "1": 1.5}, "2": {"0": 2.0, "1": 3.0}}
+    traces = {"costs_ms": costs, "traces": [{"draft": "0" * 4, "useless": "0" * 4},
+                                            {"draft": "0" * 8, "useless": "0" * 8}]}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(traces))
+    from benchmarks import policy_replay
+    out = policy_replay.replay(policy_replay.parse_args(
+        ["replay", "--traces", str(path), "--batch", "2", "--passes", "1", "--shrink"]))
+    k0 = out["results"]["fixed k=0"]
+    # row 0: 3 rounds at bucket 2; row 1: 7 rounds, the last 4 alone at bucket 1
+    assert k0["rounds"] == 7 and abs(k0["seconds"] - (3 * 2.0 + 4 * 1.0) / 1e3) < 1e-9, k0

@@ -59,3 +59,22 @@ def test_the_script_writes_a_report_the_replay_reads(tmp_path):
     main(["--costs", str(costs), "--num-traces", "4", "--new-tokens", "40", "--out", str(out)])
     result = policy_replay.replay(policy_replay.parse_args(["replay", "--traces", str(out), "--passes", "1"]))
     assert set(result["results"]) == {f"fixed k={k}" for k in range(9)} | {"adaptive"}
+
+
+def test_run_k_shape_matches_its_fixed_k_rounds(tmp_path):
+    """Run K's shape (rows' log-odds spread 0.8): the slowest of 32 rows needs about run K's fixed-k rounds
+    (92.5 at k = 1, 80.5 at k = 8 per call), the mean row about its mean (70 and 28)."""
+    from benchmarks.synthetic_traces import RUN_K_HAZARDS, RUN_K_LOGIT_SPREAD
+    report = synthetic_report({"1": {"0": 1.0}}, RUN_K_HAZARDS, num_traces=64, new_tokens=128, seed=0,
+                              logit_spread=RUN_K_LOGIT_SPREAD)
+    runs = [policy_replay.runs_of_agreement(t["draft"]) for t in report["traces"]]
+
+    def rounds(run, k):
+        pos, n = 1, 0
+        while pos < len(run) - 1:
+            pos, n = min(pos + min(k, int(run[pos])) + 1, len(run) - 1), n + 1
+        return n
+    table = np.array([[rounds(r, k) for k in (1, 8)] for r in runs])
+    slowest = (table[:32].max(0) + table[32:].max(0)) / 2
+    assert np.all(np.abs(slowest / [92.5, 80.5] - 1) < 0.1), slowest
+    assert np.all(np.abs(table.mean(0) / [69.75, 27.9] - 1) < 0.1), table.mean(0)
