@@ -267,13 +267,18 @@ def good_draft_with_decisions_recorded(monkeypatch, hold_rounds: int):
 
 def test_a_held_decision_stands_for_its_rounds_of_the_same_shape(monkeypatch):
     """On CUDA graphs a decision stands for a few rounds (the policy's host work delays the next round),
-    one of k = 0 longer; a change of bucket or of live rows decides afresh, probes still come after the
-    same rounds of 0, and a probe stands one round."""
+    one of k = 0 longer; rows that finish keep it, a change of bucket or rows that join decide afresh,
+    probes still come after the same rounds of 0, and a probe stands one round."""
     policy, decisions = good_draft_with_decisions_recorded(monkeypatch, hold_rounds=4)
-    ks = [policy.choose(8, list(range(5)), [100] * 5) for _ in range(8)]
-    assert ks == [4] * 8 and len(decisions) == 2
-    policy.choose(8, list(range(4)), [100] * 4)  # a row finished: decided again
-    assert len(decisions) == 3
+    ks = [policy.choose(8, list(range(5)), [100] * 5) for _ in range(7)]
+    assert ks == [4] * 7 and len(decisions) == 2
+    policy.choose(8, list(range(4)), [100] * 4)  # a row finished: the decision stands its last round
+    assert len(decisions) == 2
+    policy.choose(8, list(range(4)), [100] * 4)
+    policy.choose(8, list(range(6)), [100] * 6)  # rows joined: decided again
+    assert len(decisions) == 4
+    policy.choose(4, list(range(3)), [100] * 3)  # a smaller bucket: decided again
+    assert len(decisions) == 5
     useless = SpeculationLength(4, True, "draft", hold_rounds=4)
     measured(useless, 1, {0: 1.0, 4: 2.2})
     for _ in range(6):
@@ -293,8 +298,8 @@ def test_a_held_decision_stands_for_its_rounds_of_the_same_shape(monkeypatch):
 
 def test_a_decision_prepared_while_the_device_works_is_taken_by_the_next_choice(monkeypatch):
     """``prepare`` decides ahead (the fast path calls it while a round runs); the next ``choose`` of that
-    shape takes the decision without deciding again, a held decision is not pre-empted, and a decision
-    for rows that have changed since is dropped."""
+    shape takes the decision without deciding again (also when rows finished since), a held decision is not
+    pre-empted, and a decision for rows that joined since is dropped."""
     policy, decisions = good_draft_with_decisions_recorded(monkeypatch, hold_rounds=2)
     rows = list(range(5))
     assert policy.choose(8, rows, [100] * 5) == 4 and len(decisions) == 1
@@ -305,7 +310,10 @@ def test_a_decision_prepared_while_the_device_works_is_taken_by_the_next_choice(
     assert policy.choose(8, rows, [100] * 5) == 4 and len(decisions) == 2  # taken, not decided again
     assert policy.choose(8, rows, [100] * 5) == 4 and len(decisions) == 2  # and it stands its rounds
     policy.prepare(8, rows, [100] * 5)
-    assert policy.choose(8, rows[:4], [100] * 4) == 4 and len(decisions) == 4  # a row left: decided afresh
+    assert policy.choose(8, rows[:4], [100] * 4) == 4 and len(decisions) == 3  # a row left: the one prepared
+    policy.choose(8, rows[:4], [100] * 4)
+    policy.prepare(8, rows[:4], [100] * 4)
+    assert policy.choose(8, rows + [5], [100] * 6) == 4 and len(decisions) == 5  # a row joined: afresh
 
 
 def test_a_draft_left_at_zero_is_not_run_until_a_round_drafts(monkeypatch):
