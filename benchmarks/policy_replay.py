@@ -84,7 +84,9 @@ def trace(args) -> None:
               eos_token_id=tok.eos_token_id, return_dict_in_generate=True)
     work = batches(tok, prompt_sets(args, tok)["code"], 1, args.num_prompts, args.max_prompt_tokens, device)
     rows = []
-    for ids, mask in work:
+    for i, (ids, mask) in enumerate(work):
+        if i % 16 == 0:  # progress: a run cut short on the device still says how far it came
+            print(f"trace: text {i + 1} of {len(work)}", flush=True)
         out = target.generate(input_ids=ids, attention_mask=mask, **kw,
                               spec_config=hf_specdec.SpecConfig(num_speculative_tokens=0))
         full = out.sequences[:1]
@@ -97,6 +99,7 @@ def trace(args) -> None:
     costs = {}
     for b in sorted({1, args.batch}):
         ids, mask = work[0] if b == 1 else _stack(work, b)
+        print(f"trace: round costs at batch {b} (adaptive k = 0..{args.k_max}: every k's graphs captured)", flush=True)
         out = target.generate(input_ids=ids, attention_mask=mask, assistant_model=draft, **kw,
                               spec_config=hf_specdec.SpecConfig(num_speculative_tokens=args.k_max))
         costs.update(out.spec_metrics.round_costs_ms)

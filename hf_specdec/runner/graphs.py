@@ -18,7 +18,7 @@ import torch
 
 class StageGraph:
     def __init__(self, stage: Callable[[], None], buffers: list[torch.Tensor],
-                 generator: Optional[torch.Generator] = None, pool=None):
+                 generator: Optional[torch.Generator] = None, pool=None, what: str = "a stage"):
         """``pool``: a memory pool shared with other graphs that never run at the same time. The stage is not
         kept: its closure holds the runner, whose dicts hold this graph, and such a cycle would leave a dropped
         graph (and its memory pool) to the garbage collector instead of freeing it when it is dropped."""
@@ -38,9 +38,14 @@ class StageGraph:
             generator.set_state(drawn_from)
         if generator is not None and generator.device.type == "cuda":
             self.graph.register_generator_state(generator)
-        with torch.cuda.graph(self.graph, pool=pool):
-            stage()
-        torch.cuda.synchronize()
+        try:
+            with torch.cuda.graph(self.graph, pool=pool):
+                stage()
+            torch.cuda.synchronize()
+        except Exception as exc:  # name what was being captured: the CUDA error alone does not say
+            raise RuntimeError(f"capturing the CUDA graph of {what} failed ({type(exc).__name__}: {exc}); the warm-up "
+                               "run of the same code had passed. Rerun with CUDA_LAUNCH_BLOCKING=1 to see the "
+                               "operation that broke the capture, or pass SpecConfig(cuda_graphs=False).") from exc
         self.capture_seconds = time.perf_counter() - start
 
     def __call__(self) -> None:

@@ -131,7 +131,8 @@ class FixedPrefill:
             elif mp.graph is None:  # the capture's warm-up computes this prefill: no replay needed
                 if self.pool is None:
                     self.pool = torch.cuda.graph_pool_handle()
-                mp.graph = StageGraph(stage, [], None, pool=self.pool)
+                what = f"the {name}'s prefill, {B} rows x {T} tokens"
+                mp.graph = StageGraph(stage, [], None, pool=self.pool, what=what)
                 self.capture_seconds += mp.graph.capture_seconds
             else:
                 mp.graph()

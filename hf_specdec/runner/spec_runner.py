@@ -246,7 +246,8 @@ class SpecRunner:
         graph = self.graphs.get(("catch_up", s.size, CATCH_UP))
         if graph is None:
             stage = lambda: catch_up_draft(s, self.models["draft"], CATCH_UP, compiled=True)  # noqa: E731
-            graph = self.graphs[("catch_up", s.size, CATCH_UP)] = StageGraph(stage, s.tensors(), None)
+            what = f"the draft's catch-up, bucket {s.size}"
+            graph = self.graphs[("catch_up", s.size, CATCH_UP)] = StageGraph(stage, s.tensors(), None, what=what)
             self.warmup_seconds += graph.capture_seconds
         return graph
 
@@ -264,7 +265,8 @@ class SpecRunner:
         for name, stage in stages:
             graph = self.graphs.get((name, B, k))
             if graph is None:
-                graph = self.graphs[(name, B, k)] = StageGraph(stage, s.tensors(), spec.generator)
+                graph = self.graphs[(name, B, k)] = StageGraph(stage, s.tensors(), spec.generator,
+                                                                  what=f"{name}, bucket {B}, k = {k}")
                 graph.scores = s.scores  # the verify graph's own output memory (read by host criteria)
                 self.warmup_seconds += graph.capture_seconds
             out.append((stage, graph))
