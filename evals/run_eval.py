@@ -236,6 +236,9 @@ def main(argv=None):
         make_plot(summary, all_calls, methods, args.k, args.batch_size, os.path.join(args.out, "eval.png"))
         print(json.dumps(summary, indent=2, default=str))
     state.wait_for_everyone()
+    # A process that exits with its gloo/NCCL group still up may abort in the group's threads ("terminate called
+    # without an active exception", seen in CI once): the launcher then fails the whole run after the results.
+    state.destroy_process_group()
 
 
 if __name__ == "__main__":

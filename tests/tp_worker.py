@@ -96,3 +96,5 @@ if __name__ == "__main__":
     except Exception:
         traceback.print_exc()
         sys.exit(1)
+    if dist.is_initialized():  # a rank that exits with its gloo group up may abort in the group's threads
+        dist.destroy_process_group()
