@@ -100,6 +100,7 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
                     live.append(i)
         joined = waves.join(rows, live, host, eos_ids)  # waiting rows start in the blocks freed
         if joined is not None:
+            policy.rows_joined()
             rows = joined
             generated.update((r, batch.gen_len[r]) for r in rows if r not in generated)
             continue

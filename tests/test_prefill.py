@@ -39,8 +39,9 @@ def _recorded_prefills(monkeypatch, target, draft, ids, mask, max_tokens):
 
     monkeypatch.setattr(SpecRunner, "prefill", recording)
     out = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=12,
-                          assistant_model=draft, pad_token_id=0,
-                          spec_config=hf_specdec.SpecConfig(bucketed=True, block_size=4, num_speculative_tokens=3))
+                          assistant_model=draft, pad_token_id=0, return_dict_in_generate=True,
+                          spec_config=hf_specdec.SpecConfig(bucketed=True, block_size=4, num_speculative_tokens=3,
+                                                            adaptive=False))
     monkeypatch.undo()
     return out, seen
 
@@ -48,7 +49,8 @@ def _recorded_prefills(monkeypatch, target, draft, ids, mask, max_tokens):
 @pytest.mark.parametrize("batch", [1, 3, 6])
 def test_fixed_prefill_equals_the_ragged_prefill(monkeypatch, target, batch):
     """Rows of different lengths packed with padding tokens (and padding rows: 3 -> bucket 4, 6 -> 8) give
-    the logits of the unpadded prefill, and the call's output is plain greedy generate's."""
+    the logits of the unpadded prefill, and the call's output is plain greedy generate's; the draft model
+    read the same prompts too (its acceptance, which greedy output does not show, is the same)."""
     ids, mask = left_padded_prompts(batch, seed=60 + batch, min_len=3, max_len=23)
     draft = make_draft(target, "mix")
     expected = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=12,
@@ -56,13 +58,15 @@ def test_fixed_prefill_equals_the_ragged_prefill(monkeypatch, target, batch):
     fixed, fixed_logits = _recorded_prefills(monkeypatch, target, draft, ids, mask, prefill.PREFILL_MAX_TOKENS)
     runner = runner_for(target, draft)
     lens = mask.sum(1).tolist()
-    shapes = [key for key in runner.prefills.models if key[0] == "target"]
-    assert shapes and all(T == prefill.token_bucket(sum(lens)) for _, _, T, _, _ in shapes)
-    assert any(T > sum(lens) for _, _, T, _, _ in shapes) or prefill.token_bucket(sum(lens)) == sum(lens)
+    shapes = [key[2] for key in runner.prefills.models if key[0] == "target"]
+    assert shapes == [prefill.token_bucket(sum(lens))] and shapes[0] > sum(lens)  # padding tokens packed
     ragged, ragged_logits = _recorded_prefills(monkeypatch, target, draft, ids, mask, 0)  # 0: never fits
-    assert torch.equal(fixed, expected) and torch.equal(ragged, expected)
+    assert torch.equal(fixed.sequences, expected) and torch.equal(ragged.sequences, expected)
     assert len(fixed_logits) == len(ragged_logits) == 1
     torch.testing.assert_close(fixed_logits[0], ragged_logits[0], rtol=1e-5, atol=1e-5)
+    f, r = fixed.spec_metrics, ragged.spec_metrics
+    assert f.num_drafts > 0 and (f.num_accepted_tokens, f.accepted_per_position) == (
+        r.num_accepted_tokens, r.accepted_per_position)
 
 
 def test_rows_starting_in_waves_use_their_own_shapes(target):

@@ -316,6 +316,17 @@ def test_a_decision_prepared_while_the_device_works_is_taken_by_the_next_choice(
     assert policy.choose(8, rows + [5], [100] * 6) == 4 and len(decisions) == 5  # a row joined: afresh
 
 
+def test_rows_that_join_while_others_leave_are_decided_for(monkeypatch):
+    """Two rows finish and one joins at the same sync: the live count fell, but a new row came, so the
+    decision that stood is not reused."""
+    policy, decisions = good_draft_with_decisions_recorded(monkeypatch, hold_rounds=4)
+    policy.choose(8, list(range(5)), [100] * 5)
+    assert len(decisions) == 1
+    policy.rows_joined()  # what run_fast calls when waiting rows start
+    policy.choose(8, [0, 1, 2, 9], [100] * 4)
+    assert len(decisions) == 2
+
+
 def test_a_draft_left_at_zero_is_not_run_until_a_round_drafts(monkeypatch):
     """After a call whose last choice was k = 0 the next call starts without the draft model's prefill: a
     call that stays at k = 0 never runs the draft; one that drafts again first has it read every row from

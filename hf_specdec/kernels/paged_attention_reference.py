@@ -29,12 +29,17 @@ def write_kv_to_slots_reference(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Write ``key``/``value`` ``(T, kv_heads, head_dim)`` into the flat slots ``slot_mapping`` ``(T,)``."""
+    """Write ``key``/``value`` ``(T, kv_heads, head_dim)`` into the flat slots ``slot_mapping`` ``(T,)``; a
+    negative slot (a padding token) writes nothing."""
     num_blocks, block_size = key_cache.shape[:2]
     flat_k = key_cache.view(num_blocks * block_size, *key_cache.shape[2:])
     flat_v = value_cache.view(num_blocks * block_size, *value_cache.shape[2:])
-    flat_k.index_copy_(0, slot_mapping.long(), key.to(key_cache.dtype))
-    flat_v.index_copy_(0, slot_mapping.long(), value.to(value_cache.dtype))
+    slots = slot_mapping.long()
+    keep = slots >= 0
+    if not bool(keep.all()):  # the reference runs on the CPU: a host check costs nothing there
+        slots, key, value = slots[keep], key[keep], value[keep]
+    flat_k.index_copy_(0, slots, key.to(key_cache.dtype))
+    flat_v.index_copy_(0, slots, value.to(value_cache.dtype))
 
 
 def paged_attention_reference(

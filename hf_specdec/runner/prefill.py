@@ -8,18 +8,19 @@ buckets, so it is a function of static device buffers: one CUDA graph per shape,
 Layout of one prefill of ``n`` rows (packed and ragged, as the eager prefill, plus padding):
 
     B  rows      ``bucket_for(n)``; rows past ``n`` have empty queries (``seq_lens`` 0)
-    T  tokens    ``token_bucket(sum of prompt lengths)``; the tokens past the sum belong to no row,
-                 write their K/V into the scratch sequence's first slot (row 0 of the cache, which
-                 only padding work reads) and attend to nothing anybody reads
+    T  tokens    ``token_bucket(sum of prompt lengths)``; the tokens past the sum belong to no row and
+                 write no K/V (slot -1, which the KV-write kernel and its reference skip); their
+                 hidden states are garbage that no real token reads (attention reads the caches)
     Q  longest   ``token_bucket(longest prompt)``: the attention kernel's ``max_query_len``
 
 Real tokens attend exactly as in the eager prefill (causal over their own row's keys), so outputs
 are the same up to the kernels' tiling. Logits come from each row's last token only
 (``logits_to_keep`` holds their indices). The graph runs the model itself, not its compiled version
 (a new token count would compile in the middle of a call). The first use of a shape runs the forward
-eagerly (its result is the prefill's) and captures it; later uses replay. All prefill graphs share one
-memory pool (a few shapes of a long prompt would otherwise each hold their own activations), which is
-safe because their inputs and outputs live outside it and one prefill graph runs at a time.
+eagerly (its result is the prefill's) and captures it, all counted as warm-up; later uses replay.
+All prefill graphs share one memory pool (a few shapes of a long prompt would otherwise each hold
+their own activations), which is safe because their inputs and outputs live outside it and one
+prefill graph runs at a time. At most ``PREFILL_MAX_SHAPES`` are kept.
 
 Without CUDA graphs padding saves nothing, so the runner prefills eagerly and unpadded there, except
 under ``SpecConfig(bucketed=True)``, which asks for the fixed-shape execution everywhere: the CPU
@@ -38,6 +39,7 @@ from .bucket_state import bucket_for
 from .graphs import StageGraph
 
 PREFILL_MAX_TOKENS = 8192  # above this a prefill is compute-bound: eager and unpadded
+PREFILL_MAX_SHAPES = 128  # graphs kept per runner (model x shape); past it all are dropped and captured anew
 
 
 def token_bucket(n: int) -> int:
@@ -98,6 +100,7 @@ class FixedPrefill:
         self.inputs.clear()
         self.models.clear()
         self.logits.clear()
+        self.pool = None  # a fresh pool for the next captures
 
     @staticmethod
     def fits(lens: list[int]) -> bool:
@@ -110,6 +113,8 @@ class FixedPrefill:
         n, device = len(rows), batch.device
         B, T, Q = bucket_for(n), token_bucket(sum(lens)), token_bucket(max(lens))
         self.capture_seconds = 0.0
+        if len(self.models) >= PREFILL_MAX_SHAPES:  # rarely: a process that met very many prompt shapes
+            self.drop()
         inputs = self.inputs.get((B, T))
         if inputs is None:
             inputs = self.inputs[(B, T)] = PrefillInputs.allocate(B, T, device)
@@ -118,12 +123,12 @@ class FixedPrefill:
         for name, pm in models.items():
             if name in skip:
                 continue
-            mp = self.models.get((name, B, T, Q, width))
+            mp = self.models.get((name, B, T, Q, width, pm.vocab_size))
             if mp is None:
                 logits = self.logits.get((name, B, pm.vocab_size))
                 if logits is None:
                     logits = self.logits[(name, B, pm.vocab_size)] = torch.zeros(B, pm.vocab_size, device=device)
-                mp = self.models[(name, B, T, Q, width)] = ModelPrefill(B, T, width, logits, device)
+                mp = self.models[(name, B, T, Q, width, pm.vocab_size)] = ModelPrefill(B, T, width, logits, device)
             _fill_slots(mp, inputs, pm.cache, width)
             stage = _forward(pm, inputs, mp, Q)
             if not graphs:
@@ -171,15 +176,14 @@ def _pack(inputs: PrefillInputs, batch, rows: list[int], lens: list[int]) -> Non
 
 
 def _fill_slots(mp: ModelPrefill, inputs: PrefillInputs, cache, width: int) -> None:
-    """The model's block tables of the rows (scratch row 0 for empty rows) and the slot of every token
-    (the scratch sequence's first slot for padding tokens). Device work only: no copy from the host waits
-    for an earlier model's prefill."""
+    """The model's block tables of the rows (scratch row 0 for empty rows) and the slot of every token (-1,
+    nothing written, for padding tokens). Device work only: no copy from the host waits for an earlier
+    model's prefill."""
     mp.tables.copy_(cache.block_tables.index_select(0, inputs.cache_rows)[:, :width])
     bs = cache.block_size
     pos = inputs.positions
     block = mp.tables.long()[inputs.token_row, pos // bs]
-    scratch = cache.block_tables[0, 0].long() * bs
-    mp.slots.copy_(torch.where(inputs.real, block * bs + pos % bs, scratch))
+    mp.slots.copy_(torch.where(inputs.real, block * bs + pos % bs, -1))
 
 
 def _forward(pm, inputs: PrefillInputs, mp: ModelPrefill, Q: int):

@@ -8,9 +8,10 @@ whose key an earlier call used (``runner_slots.py`` keeps each key's graphs).
 
 Per call: ``begin`` sizes the caches; each row gets its whole budget (prompt +
 max_new_tokens + k + 1) in both caches when it starts (``row_blocks.py``), so a round never
-touches the allocator or a block table; ``prefill`` runs the prompts eagerly; ``load``
-moves the live rows into the smallest bucket holding them; then ``round`` / ``sync`` until
-no row is live; ``store`` writes the rows back into the call's ``SequenceBatch``.
+touches the allocator or a block table; ``prefill`` reads the prompts (in fixed shapes,
+graphed: ``prefill.py``); ``load`` moves the live rows into the smallest bucket holding them;
+then ``round`` / ``sync`` until no row is live; ``store`` writes the rows back into the call's
+``SequenceBatch``.
 """
 from __future__ import annotations
 

@@ -143,6 +143,11 @@ class SpeculationLength:
         k = self._decide(bucket, rows, remaining)
         self._pending = ((bucket, len(rows)), k, self._stands, self._probing)
 
+    def rows_joined(self) -> None:
+        """Rows started since the last decision (waves under a cache budget; rows may have left at the same
+        sync, so the count alone does not show it): the next round decides afresh."""
+        self._held = self._pending = None
+
     def _holds(self, shape: tuple) -> bool:
         """A decision that fits this (bucket, live rows) still stands a round."""
         held = self._held
