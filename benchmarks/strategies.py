@@ -191,6 +191,8 @@ class Runner:
                 if m is not None:
                     metrics.append(m.to_dict())
             ordered = sorted(p[0] for p in passes)
+            if any(getattr(o, "spec_metrics", None) is not None for o in passes[0][1]):
+                entry["pass_metrics"] = [_pass_view([o.spec_metrics.to_dict() for o in p[1]]) for p in passes]
             entry.update(seconds=seconds, median_seconds=ordered[len(ordered) // 2],
                          pass_seconds=[round(p[0], 4) for p in passes], call_seconds=call_seconds,
                          tokens=tokens, tokens_per_s=tokens / seconds,
@@ -203,6 +205,8 @@ class Runner:
               + (f"{entry['tokens_per_s']:9.1f} tok/s" if "tokens_per_s" in entry else entry.get("error", ""))
               + (f"  passes {entry['pass_seconds']}" if "pass_seconds" in entry else "")
               + _policy_view(entry.get("spec_metrics", {})), flush=True)
+        for i, view in enumerate(entry.get("pass_metrics", []) if entry.get("adaptive") else []):
+            print(f"    pass {i}: {view}", flush=True)
 
 
 def run(args, r: Runner, sets):
@@ -243,7 +247,7 @@ def run(args, r: Runner, sets):
                   k=args.k_max, adaptive=True)
             for setting in args.adaptive_set:
                 r.row(section, b, f"adaptive {setting}",
-                      lambda x, s=setting: with_setting(s, ours, x, r.draft, num_speculative_tokens=args.k_max),
+                      lambda x, s=setting: with_setting(s, r, ours, x, r.draft, num_speculative_tokens=args.k_max),
                       work, warm, k=args.k_max, adaptive=True, setting=setting)
             for adaptive in (False, True):
                 r.row(section, b, f"useless {'adaptive' if adaptive else 'fixed'}",
@@ -252,15 +256,35 @@ def run(args, r: Runner, sets):
             r.measure()
 
 
+def _pass_view(metrics: list[dict]) -> dict:
+    """One pass of a row, as the policy and the host saw it (a pass slower than the others says why)."""
+    m = aggregate_metrics(metrics)
+    return {"k": m.get("k_histogram"), "rounds": m.get("num_rounds"), "round_s": round(m.get("round_seconds", 0), 4),
+            "decode_s": round(m.get("decode_seconds", 0), 4), "prefill_s": round(m.get("prefill_seconds", 0), 4),
+            "warmup_s": round(m.get("warmup_seconds", 0), 4),
+            "costs_ms": (lambda c: c[max(c)] if c else None)(m.get("round_costs_ms"))}
+
+
 def _warm(call, warm) -> None:
     for x in warm:
         call(x)
 
 
-def with_setting(setting: str, fn, *args, **kwargs):
-    """``fn`` called with one policy constant changed (``--adaptive-set``)."""
-    with policy_constants([setting], "--adaptive-set"):
-        return fn(*args, **kwargs)
+_VARIANT_MEMORIES: dict = {}  # --adaptive-set: each setting's own policy memories
+
+
+def with_setting(setting: str, r: Runner, fn, *args, **kwargs):
+    """``fn`` called with one policy constant changed (``--adaptive-set``) and the policy's own memory across
+    calls (round costs included): the default row would otherwise learn from its decisions."""
+    from hf_specdec.runner.spec_runner import runner_for
+
+    slots = runner_for(r.target, r.draft).slots
+    default, slots.memories = slots.memories, _VARIANT_MEMORIES.setdefault(setting, {})
+    try:
+        with policy_constants([setting], "--adaptive-set"):
+            return fn(*args, **kwargs)
+    finally:
+        slots.memories = default
 
 
 def main(argv=None):

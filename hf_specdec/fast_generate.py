@@ -53,6 +53,7 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
         return k, start, warm, runner.round(k)
 
     ahead = None  # a round started before the previous round's bookkeeping, which ran while the device worked
+    verdicts = None  # a round's verdicts for the policy, observed once the next round is launched
     while True:
         bucket = runner.state.size
         if ahead is None:
@@ -64,7 +65,12 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
                             policy.record_cost(bucket, k, sample)
                 captured.add(bucket)
             live_rows = [r for r in rows if r is not None]
-            ahead = launch(bucket, live_rows, [batch.max_new_tokens - generated.get(r, 0) for r in live_rows])
+            remaining = [batch.max_new_tokens - generated.get(r, 0) for r in live_rows]
+            ahead = launch(bucket, live_rows, remaining)
+            if verdicts is not None:  # rows left or joined at the last sync: its verdicts wait until now, when
+                policy.observe(*verdicts)  # the device computes (the launch took a decision held or prepared)
+                policy.prepare(bucket, live_rows, remaining)
+                verdicts = None
         k, start, warm, caught_up = ahead
         host = runner.read()  # the round's one sync
         seconds = time.perf_counter() - start
@@ -79,9 +85,11 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
             ahead_rows = ([r for r, _ in live_host], [batch.max_new_tokens - h[1] for _, h in live_host])
             ahead = launch(bucket, *ahead_rows)
         if policy.adaptive:
-            policy.observe(bucket, k, seconds if clean else None, [(r, h[3], h[4]) for r, h in live_host])
-            if ahead is not None:  # the device is busy: the decision after the one just launched, now
+            verdicts = (bucket, k, seconds if clean else None, [(r, h[3], h[4]) for r, h in live_host])
+            if ahead is not None:  # the device is busy: this round's verdicts and the decision after the one
+                policy.observe(*verdicts)  # just launched, now
                 policy.prepare(bucket, *ahead_rows)
+                verdicts = None
         generated.update((r, h[1]) for r, h in live_host)
         if criteria:
             cuts = host_criteria(runner, criteria, batch.prompt_width, host)
@@ -105,6 +113,8 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
             generated.update((r, batch.gen_len[r]) for r in rows if r not in generated)
             continue
         if not live:
+            if verdicts is not None:
+                policy.observe(*verdicts)  # the call's last verdicts (its acceptance goes to the next call's prior)
             break
         if bucket_for(len(live)) < runner.state.size:
             runner.shrink(torch.tensor(live, device=batch.device))

@@ -49,7 +49,9 @@ class RunnerSlots:
     def __init__(self, limit: int = MAX_SLOTS):
         self.limit = limit
         self._slots: OrderedDict[RunnerKey, Slot] = OrderedDict()
-        self._memories: dict[tuple, dict] = {}
+        # the speculation-length policy's memory per (k, method, do_sample); a benchmark comparing policy
+        # variants gives each its own dict of these
+        self.memories: dict[tuple, dict] = {}
 
     def slot(self, key: RunnerKey) -> Slot:
         """The slot of ``key`` (new and empty the first time), now the most recently used."""
@@ -64,7 +66,7 @@ class RunnerSlots:
         self._slots.clear()
 
     def policy_memory(self, key: RunnerKey) -> dict:
-        return self._memories.setdefault((key.k, key.method, key.do_sample), {})
+        return self.memories.setdefault((key.k, key.method, key.do_sample), {})
 
     def __len__(self) -> int:
         return len(self._slots)

@@ -51,6 +51,9 @@ slowest set the pace).
   Without graphs the first round of each (bucket, k) in a call is not timed (one-time work),
   and a round in which no row drafted (no n-gram match) stands in for a k's cost only until
   a round that drafted is measured.
+* The slowest row at a call's start: rows that have not drafted yet are all at the prior, but the slowest
+  of them is not; they count as the slowest of as many rows spread as the batch's rows are
+  (``row_spread.py``).
 * After a run of k = 0 the policy probes k > 0 once (after 16, 32, 64 ... 1024 rounds, a
   schedule kept across calls) so that a draft which starts to agree again is noticed.
 * The host work per round is a few array operations over rows x positions (numpy), not Python
@@ -68,12 +71,16 @@ from typing import Optional
 
 import numpy as np
 
+from .row_spread import between_rows_variance, slowest_quantile
 from .run_positions import RunPositions
 
 _DECAY = 0.8  # weight of older rounds in a row's short-memory counts: hard stretches of text are short
 _LONG_DECAY = 0.97  # ... in its long-memory counts: a row whose text the draft never learned
 _ROW_PRIOR_WEIGHT = 16.0  # pseudo-drafts of the row's long-memory acceptance in its short-memory one
 _LONG_PRIOR_WEIGHT = 32.0  # pseudo-drafts of the call's prior in a row's long-memory acceptance
+_ROW_SPREAD = 1  # rows whose rate is unknown (a call's start) count as the slowest of rows that differ (row_spread.py)
+_SPREAD_MIN_DRAFTS = 8.0  # long-memory drafts of a row before its rate is its own (and counts toward the spread)
+_SPREAD_MIN_ROWS = 4  # ... and rows with that many before the spread is estimated (else the last call's)
 _PRIOR_WEIGHT = 4.0  # pseudo-rounds of the prior in a row's match rate, and of 0.5 in a first call's prior
 _CALL_PRIOR_WEIGHT = 32.0  # pseudo-drafts of the earlier calls' acceptance in a call's prior
 _TABLE_REFRESH = 16  # new cost measurements of a bucket before its table is rebuilt
@@ -103,14 +110,16 @@ class SpeculationLength:
         prior = self.memory.get("acceptance")
         self.call_prior = 0.5 if prior is None else prior
         self.seen = [0.0, 0.0]  # this call's accepted drafts and rejections over all rows (not decayed)
-        # per call row, decayed: accepted, rejected (short memory), matched, unmatched, accepted, rejected (long)
-        self.stats = np.zeros((0, 6))
+        # per call row, decayed: accepted, rejected (short memory), matched, unmatched, accepted, rejected (long),
+        # and the long memory's sum over rounds of weight^2 * verdicts (its sampling variance, row_spread)
+        self.stats = np.zeros((0, 7))
         self.run_at = np.zeros(0, dtype=np.int64)  # per call row: its next round's run position (0: unknown)
         self.runs = RunPositions(k_max, self.memory)
-        self._decays = np.array([_DECAY] * 2 + [_LONG_DECAY] * 4)  # per column of stats, per round observed
+        self._decays = np.array([_DECAY] * 2 + [_LONG_DECAY] * 4 + [_LONG_DECAY ** 2])  # per column of stats, per round observed
         self.histogram: Counter = Counter()
         self._tables: dict[int, np.ndarray] = {}  # bucket -> cost_table, until _TABLE_REFRESH new measurements
         self._fresh: Counter = Counter()  # bucket -> measurements since its table was built
+        self._spread: Optional[float] = None  # row_spread(), until the stats move
         self._timed: set = set()  # (bucket, k) whose first round of this call was dropped as warm-up
         self.memory.setdefault("zero_streak", 0)
         self.memory.setdefault("probe_every", _FIRST_PROBE)
@@ -193,7 +202,13 @@ class SpeculationLength:
         """For k = 0..k_max: rounds the slowest row still needs, ``max_rows remaining / E_row(k)``."""
         left = np.maximum(np.asarray(remaining, dtype=np.float64), 1.0)[:, None]
         m = self._match_rate(rows)[:, None]
-        emitted = np.minimum(1.0 + m * (self.runs.tokens_per_round(self._acceptance(rows)) - 1.0), left)
+        a, tau2 = self._acceptance(rows), self.row_spread()
+        st = self.stats[np.asarray(rows, dtype=np.int64)]
+        unknown = st[:, 4] + st[:, 5] < _SPREAD_MIN_DRAFTS  # rows whose own rate is not known yet
+        if tau2 > 0.0 and unknown.sum() > 1:  # the slowest of them, z_m spreads below the prior (row_spread.py)
+            slowest = slowest_quantile(int(unknown.sum())) * np.sqrt(tau2)
+            a = np.where(unknown, np.maximum(a - slowest, 1e-3), a)
+        emitted = np.minimum(1.0 + m * (self.runs.tokens_per_round(a) - 1.0), left)
         return np.maximum((left / emitted).max(axis=0), 1.0)
 
     @property
@@ -211,7 +226,7 @@ class SpeculationLength:
         index = np.asarray(rows, dtype=np.int64)
         if index.size and index.max() >= len(self.stats):
             grow = int(index.max()) + 1 - len(self.stats)
-            self.stats = np.concatenate([self.stats, np.zeros((grow, 6))])
+            self.stats = np.concatenate([self.stats, np.zeros((grow, 7))])
             self.run_at = np.concatenate([self.run_at, np.zeros(grow, dtype=np.int64)])
         return index
 
@@ -220,6 +235,20 @@ class SpeculationLength:
         st = self.stats[index]
         long = (st[:, 4] + _LONG_PRIOR_WEIGHT * self.prior) / (st[:, 4] + st[:, 5] + _LONG_PRIOR_WEIGHT)
         return (st[:, 0] + _ROW_PRIOR_WEIGHT * long) / (st[:, 0] + st[:, 1] + _ROW_PRIOR_WEIGHT)
+
+    def row_spread(self) -> float:
+        """``tau^2``, how much this call's rows differ in acceptance (``row_spread.py``; kept for the next
+        calls), else the last call's that had one (a call's start, batch 1), else 0."""
+        if not _ROW_SPREAD:
+            return 0.0
+        if self._spread is None:
+            st = self.stats
+            tau2 = between_rows_variance(st[:, 4], st[:, 4] + st[:, 5], st[:, 6], _SPREAD_MIN_DRAFTS,
+                                         _SPREAD_MIN_ROWS)
+            if tau2 is not None:
+                self.memory["row_spread"] = tau2
+            self._spread = tau2 if tau2 is not None else self.memory.get("row_spread", 0.0)
+        return self._spread
 
     def _match_rate(self, rows) -> np.ndarray:
         index = self._rows(rows)
@@ -295,9 +324,10 @@ class SpeculationLength:
             self.record_cost(bucket, k, seconds, drafted=k == 0 or not len(v) or bool(v[:, 2].any()))
         if not len(v):
             return
+        self._spread = None  # the stats move
         index = self._rows(v[:, 0])
         if k == 0:  # no verdicts: each row's estimate relaxes toward the prior, so a dip is retried
-            self.stats[index] *= _IDLE_DECAY
+            self.stats[index] *= [_IDLE_DECAY] * 6 + [_IDLE_DECAY ** 2]
             self.run_at[index] = 0
             return
         self.run_at[index] = self.runs.observe(self._acceptance(index), v[:, 1], v[:, 2], self.run_at[index])
@@ -308,6 +338,7 @@ class SpeculationLength:
         st[:, [1, 5]] += rejected[:, None]
         st[:, 2] += drafted
         st[:, 3] += ~drafted
+        st[:, 6] += np.where(drafted, accepted + rejected, 0.0)
         self.stats[index] = st
         self.seen[0] += float(accepted[drafted].sum())
         self.seen[1] += float(rejected.sum())
