@@ -8,7 +8,6 @@ Sampled output under a budget follows the target's law (chi-square, as test_samp
 is not the unlimited-budget run's output for the same seed: one generator serves the whole batch,
 so a row's draws depend on which rows share its rounds (see docs/architecture.md, "Admission").
 """
-import itertools
 
 import pytest
 import torch
