@@ -20,7 +20,8 @@ Rows per batch size (greedy, the same prompts and max_new_tokens within a prompt
 The rows of one prompt set at one batch size are measured together: each warms up (every batch, and
 the first one's rows once per smaller bucket, so that timed calls capture and compile nothing, prefill
 shapes included; the runner keeps every
-configuration's graphs), twice over the rows (one row's warm-up can undo another's), then each of --passes passes times every row in turn over all batches,
+configuration's graphs), twice over the rows (one row's warm-up can undo another's), then each of --passes passes times every row
+in turn over all batches, the rows in a shuffled order per pass (seeded; a row's places: ``pass_positions``),
 with a garbage collection before each call outside its time. tokens/s = generated tokens / time of
 the row's fastest pass (every pass's time and the chosen pass's per-call times are kept).
 Ratios: vs hf_compiled and vs runner_plain of the same prompt set; adaptive vs the best fixed k,
@@ -41,6 +42,7 @@ import copy
 import gc
 import json
 import os
+import random
 import sys
 import time
 
@@ -150,14 +152,17 @@ class Runner:
         for p in range(self.args.passes):
             if p and self._late():
                 break
-            self._each(live, self._timed_pass, timed=True)
+            order = random.Random(p).sample(live, len(live))  # rows timed later in a pass ran slower (run N)
+            self._each(order, self._timed_pass, timed=True, live=live)
         for entry, _, work, _, passes in live:
             self._report(entry, passes, work)
 
-    def _each(self, live: list, fn, timed: bool = False) -> None:
-        """``fn(call, work if timed else warm)`` for every live row (a timed result joins the row's passes);
-        a row that fails is reported and leaves, the others go on."""
-        for row in list(live):
+    def _each(self, rows: list, fn, timed: bool = False, live: list = None) -> None:
+        """``fn(call, work if timed else warm)`` for each of ``rows`` in turn (a timed result joins the row's passes,
+        its place in the pass ``pass_positions``); a row that fails is reported and leaves ``live`` (default:
+        ``rows``), the others go on."""
+        live = rows if live is None else live
+        for place, row in enumerate(list(rows)):
             entry, call, work, warm, passes = row
             try:
                 result = fn(call, work if timed else warm)
@@ -167,6 +172,7 @@ class Runner:
                 continue
             if timed:
                 passes.append(result)
+                entry.setdefault("pass_positions", []).append(place)
 
     def _timed_pass(self, call, work):
         outs, call_seconds = [], []
