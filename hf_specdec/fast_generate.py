@@ -52,6 +52,12 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
         warm, start = runner.warmup_seconds, time.perf_counter()
         return k, start, warm, runner.round(k)
 
+    def learn(verdicts: tuple, bucket: int, live_rows: list[int], remaining: list[int]) -> None:
+        """With a round running on the device: the policy takes the last round's verdicts and prepares the
+        decision after the one just launched."""
+        policy.observe(*verdicts)
+        policy.prepare(bucket, live_rows, remaining)
+
     ahead = None  # a round started before the previous round's bookkeeping, which ran while the device worked
     verdicts = None  # a round's verdicts for the policy, observed once the next round is launched
     while True:
@@ -67,9 +73,8 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
             live_rows = [r for r in rows if r is not None]
             remaining = [batch.max_new_tokens - generated.get(r, 0) for r in live_rows]
             ahead = launch(bucket, live_rows, remaining)
-            if verdicts is not None:  # rows left or joined at the last sync: its verdicts wait until now, when
-                policy.observe(*verdicts)  # the device computes (the launch took a decision held or prepared)
-                policy.prepare(bucket, live_rows, remaining)
+            if verdicts is not None:  # rows left or joined at the last sync: its verdicts waited for this launch
+                learn(verdicts, bucket, live_rows, remaining)  # (which took a decision held or prepared)
                 verdicts = None
         k, start, warm, caught_up = ahead
         host = runner.read()  # the round's one sync
@@ -86,9 +91,8 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
             ahead = launch(bucket, *ahead_rows)
         if policy.adaptive:
             verdicts = (bucket, k, seconds if clean else None, [(r, h[3], h[4]) for r, h in live_host])
-            if ahead is not None:  # the device is busy: this round's verdicts and the decision after the one
-                policy.observe(*verdicts)  # just launched, now
-                policy.prepare(bucket, *ahead_rows)
+            if ahead is not None:  # the device is busy: learn now
+                learn(verdicts, bucket, *ahead_rows)
                 verdicts = None
         generated.update((r, h[1]) for r, h in live_host)
         if criteria:
