@@ -143,6 +143,12 @@ class PagedKVCache:
         token_idx = torch.arange(T, device=device) - query_start_loc[:-1].long()[token_seq]
         positions = (context_lens.to(device).long()[token_seq] + token_idx)
         tables = self.block_tables[rows]
-        block = tables.long()[token_seq, positions // self.block_size]
-        slots = block * self.block_size + positions % self.block_size
+        slots = self.slot_mapping(tables, token_seq, positions)
         return PagedBatch(self, tables, seq_lens, query_start_loc, slots, positions, max_query_len)
+
+    def slot_mapping(self, tables: torch.Tensor, token_rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The flat pool slot of each token: row ``token_rows[t]`` of ``tables`` at position ``positions[t]``, the
+        layout the attention kernels read (``tables[row, pos // block_size] * block_size + pos % block_size``).
+        Device arithmetic only, so graphs capture it."""
+        bs = self.block_size
+        return tables.long()[token_rows, positions // bs] * bs + positions % bs

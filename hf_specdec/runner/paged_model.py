@@ -30,10 +30,9 @@ class PagedModel:
         lengths after the step. Returns fp32 logits ``(B, V)`` of each row's last token, or ``(B*q, V)``.
         ``eager``: the model itself even when compiled (an odd one-off shape would recompile it)."""
         B = tables.shape[0]
-        bs = self.cache.block_size
         device = input_ids.device
-        pos = positions.view(B, q)
-        slots = (tables.long().gather(1, pos // bs) * bs + pos % bs).view(-1)
+        token_rows = torch.arange(B, device=device)[:, None].expand(B, q).reshape(-1)
+        slots = self.cache.slot_mapping(tables, token_rows, positions)
         query_start_loc = torch.arange(B + 1, device=device, dtype=torch.int32) * q
         batch = PagedBatch(self.cache, tables, seq_lens.to(torch.int32), query_start_loc, slots, positions, q)
         rows = torch.arange(B, device=device) * q + (q - 1) if last_only else torch.arange(B * q, device=device)

@@ -180,10 +180,8 @@ def _fill_slots(mp: ModelPrefill, inputs: PrefillInputs, cache, width: int) -> N
     nothing written, for padding tokens). Device work only: no copy from the host waits for an earlier
     model's prefill."""
     mp.tables.copy_(cache.block_tables.index_select(0, inputs.cache_rows)[:, :width])
-    bs = cache.block_size
-    pos = inputs.positions
-    block = mp.tables.long()[inputs.token_row, pos // bs]
-    mp.slots.copy_(torch.where(inputs.real, block * bs + pos % bs, -1))
+    slots = cache.slot_mapping(mp.tables, inputs.token_row, inputs.positions)
+    mp.slots.copy_(torch.where(inputs.real, slots, -1))
 
 
 def _forward(pm, inputs: PrefillInputs, mp: ModelPrefill, Q: int):
