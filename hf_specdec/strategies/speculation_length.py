@@ -115,7 +115,9 @@ class SpeculationLength:
         self.stats = np.zeros((0, 7))
         self.run_at = np.zeros(0, dtype=np.int64)  # per call row: its next round's run position (0: unknown)
         self.runs = RunPositions(k_max, self.memory)
-        self._decays = np.array([_DECAY] * 2 + [_LONG_DECAY] * 4 + [_LONG_DECAY ** 2])  # per column of stats, per round observed
+        # per column of stats: per round observed, and per round of k = 0 (estimates drift back to the prior)
+        self._decays = np.array([_DECAY] * 2 + [_LONG_DECAY] * 4 + [_LONG_DECAY ** 2])
+        self._idle_decays = np.array([_IDLE_DECAY] * 6 + [_IDLE_DECAY ** 2])
         self.histogram: Counter = Counter()
         self._tables: dict[int, np.ndarray] = {}  # bucket -> cost_table, until _TABLE_REFRESH new measurements
         self._fresh: Counter = Counter()  # bucket -> measurements since its table was built
@@ -203,11 +205,12 @@ class SpeculationLength:
         left = np.maximum(np.asarray(remaining, dtype=np.float64), 1.0)[:, None]
         m = self._match_rate(rows)[:, None]
         a, tau2 = self._acceptance(rows), self.row_spread()
-        st = self.stats[np.asarray(rows, dtype=np.int64)]
-        unknown = st[:, 4] + st[:, 5] < _SPREAD_MIN_DRAFTS  # rows whose own rate is not known yet
-        if tau2 > 0.0 and unknown.sum() > 1:  # the slowest of them, z_m spreads below the prior (row_spread.py)
-            slowest = slowest_quantile(int(unknown.sum())) * np.sqrt(tau2)
-            a = np.where(unknown, np.maximum(a - slowest, 1e-3), a)
+        if tau2 > 0.0:
+            st = self.stats[np.asarray(rows, dtype=np.int64)]
+            unknown = st[:, 4] + st[:, 5] < _SPREAD_MIN_DRAFTS  # rows whose own rate is not known yet
+            if unknown.sum() > 1:  # the slowest of them, z_m spreads below the prior (row_spread.py)
+                slowest = slowest_quantile(int(unknown.sum())) * np.sqrt(tau2)
+                a = np.where(unknown, np.maximum(a - slowest, 1e-3), a)
         emitted = np.minimum(1.0 + m * (self.runs.tokens_per_round(a) - 1.0), left)
         return np.maximum((left / emitted).max(axis=0), 1.0)
 
@@ -327,7 +330,7 @@ class SpeculationLength:
         self._spread = None  # the stats move
         index = self._rows(v[:, 0])
         if k == 0:  # no verdicts: each row's estimate relaxes toward the prior, so a dip is retried
-            self.stats[index] *= [_IDLE_DECAY] * 6 + [_IDLE_DECAY ** 2]
+            self.stats[index] *= self._idle_decays
             self.run_at[index] = 0
             return
         self.run_at[index] = self.runs.observe(self._acceptance(index), v[:, 1], v[:, 2], self.run_at[index])
