@@ -201,13 +201,12 @@ def _replay(args) -> dict:
         report = json.load(fh)
     traces = report["traces"][:args.num_prompts]
     bucket = bucket_for(args.batch)
-    cost = round_costs(report["costs_ms"] if args.costs is None else costs_of(args.costs), bucket,
-                       args.costs or args.traces)
+    table, source = (report["costs_ms"], args.traces) if args.costs is None else (costs_of(args.costs), args.costs)
+    cost = round_costs(table, bucket, source)
     k_max = len(cost) - 1
     shrink = None
     if args.shrink:
-        table = report["costs_ms"] if args.costs is None else costs_of(args.costs)
-        shrink = {b: round_costs(table, b, args.costs or args.traces)
+        shrink = {b: round_costs(table, b, source)
                   for b in sorted({bucket_for(n) for n in range(1, args.batch + 1)})}
     runs = [runs_of_agreement(t[args.draft]) for t in traces]
     calls = [runs[i:i + args.batch] for i in range(0, len(runs), args.batch)]

@@ -126,6 +126,7 @@ class Runner:
         self.args, self.device, self.tok = args, device, tok
         self.target, self.draft, self.useless = target, draft, useless
         self.rows, self.group, self.start = [], [], time.perf_counter()
+        self.variant_memories: dict = {}  # --adaptive-set: each setting's own policy memories
 
     def kw(self):
         return dict(max_new_tokens=self.args.max_new_tokens, do_sample=False, pad_token_id=self.tok.pad_token_id,
@@ -265,18 +266,15 @@ def run(args, r: Runner, sets):
 def _pass_view(metrics: list[dict]) -> dict:
     """One pass of a row, as the policy and the host saw it (a pass slower than the others says why)."""
     m = aggregate_metrics(metrics)
+    costs = m.get("round_costs_ms")  # bucket -> k -> ms; the largest bucket's
     return {"k": m.get("k_histogram"), "rounds": m.get("num_rounds"), "round_s": round(m.get("round_seconds", 0), 4),
             "decode_s": round(m.get("decode_seconds", 0), 4), "prefill_s": round(m.get("prefill_seconds", 0), 4),
-            "warmup_s": round(m.get("warmup_seconds", 0), 4),
-            "costs_ms": (lambda c: c[max(c)] if c else None)(m.get("round_costs_ms"))}
+            "warmup_s": round(m.get("warmup_seconds", 0), 4), "costs_ms": costs[max(costs)] if costs else None}
 
 
 def _warm(call, warm) -> None:
     for x in warm:
         call(x)
-
-
-_VARIANT_MEMORIES: dict = {}  # --adaptive-set: each setting's own policy memories
 
 
 def with_setting(setting: str, r: Runner, fn, *args, **kwargs):
@@ -285,7 +283,7 @@ def with_setting(setting: str, r: Runner, fn, *args, **kwargs):
     from hf_specdec.runner.spec_runner import runner_for
 
     slots = runner_for(r.target, r.draft).slots
-    default, slots.memories = slots.memories, _VARIANT_MEMORIES.setdefault(setting, {})
+    default, slots.memories = slots.memories, r.variant_memories.setdefault(setting, {})
     try:
         with policy_constants([setting], "--adaptive-set"):
             return fn(*args, **kwargs)
