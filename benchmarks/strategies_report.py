@@ -43,6 +43,13 @@ def _paired(rows, section, b, name, reference) -> float | None:
     return round(ratios[len(ratios) // 2], 3)
 
 
+def _median_ratio(rows, section, b, name, reference) -> float | None:
+    """reference's median pass time / name's: robust where many passes ran (the fastest pass favours the row
+    whose passes spread most)."""
+    a, ref = (_find(rows, section, b, n).get("median_seconds") for n in (name, reference))
+    return round(ref / a, 3) if a and ref else None
+
+
 def summarise(rows) -> dict:
     out = {}
     for b in sorted({r["batch_size"] for r in rows}):
@@ -52,17 +59,24 @@ def summarise(rows) -> dict:
                  and r["row"].startswith("fixed") and r.get("tokens_per_s")}
         if fixed:
             best_k = max(fixed, key=fixed.get)
+            medians = {r["k"]: r["median_seconds"] for r in rows if r["section"] == "code" and r["batch_size"] == b
+                       and r["row"].startswith("fixed") and r.get("median_seconds")}
+            best_median = min(medians, key=medians.get) if medians else None
             adaptive = _rate(rows, "code", b, "adaptive")
             s["code"] = {
                 "hf_compiled_tok_s": hf, "runner_plain_tok_s": plain, "fixed_tok_s": fixed, "best_fixed_k": best_k,
                 "adaptive_tok_s": adaptive, "adaptive_vs_best_fixed": _ratio(adaptive, fixed[best_k]),
                 "adaptive_vs_best_fixed_paired": _paired(rows, "code", b, "adaptive", f"fixed k={best_k}"),
+                "best_fixed_k_by_median": best_median,
+                "adaptive_vs_best_fixed_median": _median_ratio(rows, "code", b, "adaptive", f"fixed k={best_median}"),
                 "variants_vs_best_fixed": {r["row"]: _ratio(r["tokens_per_s"], fixed[best_k]) for r in rows
                                            if (r["section"], r["batch_size"]) == ("code", b) and r.get("setting")
                                            and r.get("tokens_per_s")},
                 "adaptive_vs_hf_compiled": _ratio(adaptive, hf), "adaptive": _metrics(rows, "code", b, "adaptive"),
                 "useless_adaptive_vs_runner_plain": _ratio(_rate(rows, "code", b, "useless adaptive"), plain),
                 "useless_adaptive_vs_runner_plain_paired": _paired(rows, "code", b, "useless adaptive", "runner_plain"),
+                "useless_adaptive_vs_runner_plain_median": _median_ratio(rows, "code", b, "useless adaptive",
+                                                                         "runner_plain"),
                 "useless_fixed_vs_runner_plain": _ratio(_rate(rows, "code", b, "useless fixed"), plain),
                 "useless_adaptive": _metrics(rows, "code", b, "useless adaptive"),
                 "same_as_runner_plain": {n: _same(rows, "code", b, n) for n in ("adaptive", "useless adaptive")},

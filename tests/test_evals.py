@@ -130,3 +130,48 @@ def test_run_eval_two_processes(pair, tmp_path, parallel):
     assert report["summary"]["identical_to_plain_share"] == 1.0
     assert (tmp_path / parallel / "eval.png").exists()
     assert "eval[1]" not in stderr and "share of process 1" not in stderr
+
+
+@needs_data
+def test_strategies_smoke(pair, tmp_path):
+    """benchmarks/strategies.py on CPU: every row of the code set runs its passes in a shuffled order, and the
+    speculative rows (fp32 greedy) give runner_plain's own tokens."""
+    out = tmp_path / "strategies.json"
+    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "strategies.py"), "--target", str(pair / "target"),
+           "--draft", str(pair / "draft"), "--prompts", HUMANEVAL, "--batch-sizes", "2", "--num-prompts", "2",
+           "--max-new-tokens", "10", "--k-max", "2", "--bucketed", "--sections", "code", "--passes", "2",
+           "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    report = json.load(open(out))
+    rows = {r["row"]: r for r in report["rows"]}
+    assert set(rows) == {"hf_compiled", "runner_plain", "fixed k=1", "fixed k=2", "adaptive", "useless fixed",
+                         "useless adaptive"}, [r.get("error") for r in report["rows"]]
+    for name, r in rows.items():
+        assert len(r["pass_seconds"]) == 2 and r["tokens_per_s"] > 0
+        if name != "hf_compiled":
+            assert r["sequences"] == rows["runner_plain"]["sequences"], name
+    assert {tuple(sorted(r["pass_positions"][p] for r in rows.values())) for p in (0, 1)} == {tuple(range(7))}
+    code = report["summary"]["b=2"]["code"]
+    assert code["best_fixed_k"] in (1, 2) and code["adaptive_vs_best_fixed_median"] > 0
+    assert code["same_as_runner_plain"] == {"adaptive": 1.0, "useless adaptive": 1.0}
+
+
+@needs_data
+def test_host_timeline_splits_a_call_whole(pair, tmp_path):
+    """benchmarks/host_timeline.py: the parts it reports (before, launches, waits, gaps, after, host work beside
+    the device) add up to each call's time."""
+    out = tmp_path / "timeline.json"
+    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "host_timeline.py"), "--target", str(pair / "target"),
+           "--draft", str(pair / "draft"), "--batch-size", "3", "--max-new-tokens", "10", "--k-max", "2",
+           "--fixed", "1", "--calls", "2", "--bucketed", "--prompts", HUMANEVAL, "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    report = json.load(open(out))
+    assert set(report["calls"]) == {"plain", "fixed k=1", "adaptive", "useless adaptive"}
+    for name, calls in report["calls"].items():
+        for c in calls:
+            parts = sum(c[p] for p in ("before", "launch", "wait", "ahead_gap", "leave_gap", "after",
+                                       "host_while_device"))
+            assert c["rounds"] > 0 and abs(parts - c["call"]) < 0.05 * c["call"], (name, c)
+            assert c["methods"]["read"] == pytest.approx(c["wait"], abs=1e-3)

@@ -267,7 +267,8 @@ def good_draft_with_decisions_recorded(monkeypatch, hold_rounds: int):
 
 def test_a_held_decision_stands_for_its_rounds_of_the_same_shape(monkeypatch):
     """On CUDA graphs a decision stands for a few rounds (the policy's host work delays the next round),
-    one of k = 0 longer; rows that finish keep it, a change of bucket or rows that join decide afresh,
+    one of k = 0 longer; rows that finish keep it (in a smaller bucket too), a larger bucket or rows that join
+    decide afresh,
     probes still come after the same rounds of 0, and a probe stands one round."""
     policy, decisions = good_draft_with_decisions_recorded(monkeypatch, hold_rounds=4)
     ks = [policy.choose(8, list(range(5)), [100] * 5) for _ in range(7)]
@@ -277,8 +278,13 @@ def test_a_held_decision_stands_for_its_rounds_of_the_same_shape(monkeypatch):
     policy.choose(8, list(range(4)), [100] * 4)
     policy.choose(8, list(range(6)), [100] * 6)  # rows joined: decided again
     assert len(decisions) == 4
-    policy.choose(4, list(range(3)), [100] * 3)  # a smaller bucket: decided again
-    assert len(decisions) == 5
+    for _ in range(3):
+        policy.choose(4, list(range(3)), [100] * 3)  # a smaller bucket: the decision stands its rounds there
+    assert len(decisions) == 4
+    policy.choose(4, list(range(3)), [100] * 3)  # then the next one is the smaller bucket's
+    assert decisions[-1] == 4 and len(decisions) == 5
+    policy.choose(8, list(range(3)), [100] * 3)  # a larger bucket (rows joined): decided again
+    assert decisions[-1] == 8 and len(decisions) == 6
     useless = SpeculationLength(4, True, "draft", hold_rounds=4)
     measured(useless, 1, {0: 1.0, 4: 2.2})
     for _ in range(6):
