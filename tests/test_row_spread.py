@@ -76,3 +76,14 @@ def test_rows_with_their_own_rate_are_taken_at_it(monkeypatch):
     monkeypatch.setattr(sl, "_ROW_SPREAD", 0)
     policy._spread = None
     np.testing.assert_allclose(policy.bottleneck_rounds(rows, [100] * 32), with_spread)
+
+
+def test_a_calls_end_leaves_its_spread_to_the_next_call():
+    """Decisions read the spread only while rows have no rate of their own (a call's start), so the call's end
+    computes it once for the next call's start."""
+    policy = rows_observed([0.9] * 16 + [0.4] * 16, rounds=60, k=1)
+    assert "row_spread" not in policy.memory  # nothing decided: never read
+    policy.end_call()
+    assert 0.04 <= policy.memory["row_spread"] <= 0.09
+    again = SpeculationLength(1, True, "draft", policy.memory, hold_rounds=2)
+    assert again.row_spread() == policy.memory["row_spread"]  # a call with no rows of its own yet: the last call's

@@ -204,12 +204,14 @@ class SpeculationLength:
         """For k = 0..k_max: rounds the slowest row still needs, ``max_rows remaining / E_row(k)``."""
         left = np.maximum(np.asarray(remaining, dtype=np.float64), 1.0)[:, None]
         m = self._match_rate(rows)[:, None]
-        a, tau2 = self._acceptance(rows), self.row_spread()
-        if tau2 > 0.0:
-            st = self.stats[np.asarray(rows, dtype=np.int64)]
-            unknown = st[:, 4] + st[:, 5] < _SPREAD_MIN_DRAFTS  # rows whose own rate is not known yet
-            if unknown.sum() > 1:  # the slowest of them, z_m spreads below the prior (row_spread.py)
-                slowest = slowest_quantile(int(unknown.sum())) * np.sqrt(tau2)
+        a = self._acceptance(rows)
+        st = self.stats[np.asarray(rows, dtype=np.int64)]
+        unknown = st[:, 4] + st[:, 5] < _SPREAD_MIN_DRAFTS  # rows whose own rate is not known yet
+        n_unknown = int(unknown.sum())
+        if n_unknown > 1:  # the slowest of them, z_m spreads below the prior (row_spread.py)
+            tau2 = self.row_spread()  # only here: most of a call's decisions know every row's rate
+            if tau2 > 0.0:
+                slowest = slowest_quantile(n_unknown) * np.sqrt(tau2)
                 a = np.where(unknown, np.maximum(a - slowest, 1e-3), a)
         emitted = np.minimum(1.0 + m * (self.runs.tokens_per_round(a) - 1.0), left)
         return np.maximum((left / emitted).max(axis=0), 1.0)
@@ -366,6 +368,7 @@ class SpeculationLength:
         the round costs the policy used go to ``metrics.round_costs_ms``."""
         if metrics is not None and self.adaptive:
             metrics.round_costs_ms = self.cost_summary()
+        self.row_spread()  # the spread of this call's rows at its end, for the next call's start
         if self.seen[0] + self.seen[1]:
             self.memory["acceptance"] = self.prior
 
