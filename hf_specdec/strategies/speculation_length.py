@@ -257,9 +257,9 @@ class SpeculationLength:
 
     def _match_rate(self, rows) -> np.ndarray:
         index = self._rows(rows)
-        st = self.stats[index]
         if self.method != "ngram":
-            return np.ones(len(st))
+            return np.ones(len(index))
+        st = self.stats[index]
         return (st[:, 2] + _PRIOR_WEIGHT * 0.5) / (st[:, 2] + st[:, 3] + _PRIOR_WEIGHT)
 
     def acceptance(self, row: int) -> float:
@@ -336,16 +336,14 @@ class SpeculationLength:
             self.run_at[index] = 0
             return
         self.run_at[index] = self.runs.observe(self._acceptance(index), v[:, 1], v[:, 2], self.run_at[index])
-        accepted, count = v[:, 1].astype(np.float64), v[:, 2]
-        drafted, rejected = count > 0, (v[:, 1] < count) & (count > 0)
-        st = self.stats[index] * self._decays
-        st[:, [0, 4]] += np.where(drafted, accepted, 0.0)[:, None]
-        st[:, [1, 5]] += rejected[:, None]
-        st[:, 2] += drafted
-        st[:, 3] += ~drafted
-        st[:, 6] += np.where(drafted, accepted + rejected, 0.0)
-        self.stats[index] = st
-        self.seen[0] += float(accepted[drafted].sum())
+        count = v[:, 2]
+        drafted = count > 0
+        accepted = np.where(drafted, v[:, 1], 0).astype(np.float64)
+        rejected = ((v[:, 1] < count) & drafted).astype(np.float64)
+        # one (rows, 7) increment in the stats' column order (a column at a time cost the host twice as much)
+        self.stats[index] = self.stats[index] * self._decays + np.stack(
+            [accepted, rejected, drafted, ~drafted, accepted, rejected, accepted + rejected], axis=1)
+        self.seen[0] += float(accepted.sum())
         self.seen[1] += float(rejected.sum())
 
     def _warming_up(self, bucket: int, k: int) -> bool:
