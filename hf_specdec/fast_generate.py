@@ -46,11 +46,20 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
     captured = set()
     generated = {r: batch.gen_len[r] for r in rows}
 
-    def launch(bucket: int, live_rows: list[int], remaining: list[int]) -> tuple:
-        """Choose a round's k and start the round (graph replays return before the device is done)."""
+    def launch(live_rows: list[int], remaining: list[int]) -> tuple:
+        """Choose a round's k and start the round in the current bucket (graph replays return before the
+        device is done). Called with the device idle (after a sync), so a bucket's first round may capture."""
+        bucket = runner.state.size
+        if policy.adaptive and bucket not in captured:  # any k may come next: no capture inside timed rounds
+            runner.capture(range(spec.k + 1))
+            if runner.key.graphs and not policy.has_costs(bucket):
+                for k, seconds in runner.time_rounds(range(spec.k + 1)).items():
+                    for sample in seconds:
+                        policy.record_cost(bucket, k, sample)
+            captured.add(bucket)
         k = policy.choose(bucket, live_rows, remaining)
         warm, start = runner.warmup_seconds, time.perf_counter()
-        return k, start, warm, runner.round(k)
+        return k, start, warm, runner.round(k), bucket
 
     def learn(verdicts: tuple, bucket: int, live_rows: list[int], remaining: list[int]) -> None:
         """With a round running on the device: the policy takes the last round's verdicts and prepares the
@@ -61,34 +70,29 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
     ahead = None  # a round started before the previous round's bookkeeping, which ran while the device worked
     verdicts = None  # a round's verdicts for the policy, observed once the next round is launched
     while True:
-        bucket = runner.state.size
         if ahead is None:
-            if policy.adaptive and bucket not in captured:  # any k may come next: no capture inside timed rounds
-                runner.capture(range(spec.k + 1))
-                if runner.key.graphs and not policy.has_costs(bucket):
-                    for k, seconds in runner.time_rounds(range(spec.k + 1)).items():
-                        for sample in seconds:
-                            policy.record_cost(bucket, k, sample)
-                captured.add(bucket)
             live_rows = [r for r in rows if r is not None]
             remaining = [batch.max_new_tokens - generated.get(r, 0) for r in live_rows]
-            ahead = launch(bucket, live_rows, remaining)
-            if verdicts is not None:  # rows left or joined at the last sync: its verdicts waited for this launch
-                learn(verdicts, bucket, live_rows, remaining)  # (which took a decision held or prepared)
+            ahead = launch(live_rows, remaining)
+            if verdicts is not None:  # rows joined or a criterion stopped rows: the verdicts waited for this launch
+                learn(verdicts, ahead[4], live_rows, remaining)  # (which took a decision held or prepared)
                 verdicts = None
-        k, start, warm, caught_up = ahead
-        host = runner.read()  # the round's one sync
+        k, start, warm, caught_up, bucket = ahead
+        host = runner.read()  # the round's one sync (of the current bucket: a move to a smaller one came after it)
         seconds = time.perf_counter() - start
         clean = runner.warmup_seconds == warm and not caught_up  # no capture, compile or catch-up inside
         metrics.round_seconds += seconds
         metrics.num_rounds += 1
         live_host = [(r, h) for r, h in zip(rows, host) if r is not None]
+        running = [(r, h) for r, h in live_host if not h[0]]
         ahead = None
-        if not criteria and not admission.waiting and not any(h[0] for _, h in live_host):
-            # no row leaves or joins at this sync: the next round starts now, and this one's bookkeeping
-            # (the policy's included) runs on the host while the device computes it
-            ahead_rows = ([r for r, _ in live_host], [batch.max_new_tokens - h[1] for _, h in live_host])
-            ahead = launch(bucket, *ahead_rows)
+        if running and not criteria and not admission.waiting:
+            # the next round starts now, in this bucket: rows that just finished are done on the device (their
+            # results are not kept, and the blocks they write go to no other row: none waits for them). This
+            # sync's bookkeeping (the policy's, finished rows leaving, a move to a smaller bucket) runs on the
+            # host while the device computes it, and the move follows that round on the device.
+            ahead_rows = ([r for r, _ in running], [batch.max_new_tokens - h[1] for _, h in running])
+            ahead = launch(*ahead_rows)
         if policy.adaptive:
             verdicts = (bucket, k, seconds if clean else None, [(r, h[3], h[4]) for r, h in live_host])
             if ahead is not None:  # the device is busy: learn now
@@ -105,12 +109,12 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
         for i, (done, gen, *_) in enumerate(host):
             if i < len(rows) and rows[i] is not None:
                 if done:
-                    runner.store(i, rows[i], gen)
-                    waves.finish([rows[i]])
+                    runner.store(i, rows[i], gen)  # after a round started ahead: its writes past the row's end
+                    waves.finish([rows[i]])  # are cut by SequenceBatch.sequences
                     rows[i] = None
                 else:
                     live.append(i)
-        joined = waves.join(rows, live, host, eos_ids)  # waiting rows start in the blocks freed
+        joined = waves.join(rows, live, host, eos_ids)  # waiting rows start in the blocks freed (none ran ahead)
         if joined is not None:
             policy.rows_joined()
             rows = joined

@@ -38,6 +38,42 @@ def test_rows_finish_at_different_rounds_and_the_batch_changes_bucket(target):
     assert 16 in runner.states and runner.state.size < 16  # started at bucket 16, ended in a smaller one
 
 
+def test_the_policy_sees_each_rounds_verdicts_across_rows_leaving_and_smaller_buckets(target, monkeypatch):
+    """The next round starts before the host's bookkeeping of the last one, in the same bucket (rows that
+    finished are done on the device), and a move to a smaller bucket follows it on the device: the policy
+    must still get every live row's verdict of every round exactly once, and no row's after it finished.
+    Summed, they are the device's own counts; every count is the round's k."""
+    from hf_specdec.strategies.speculation_length import SpeculationLength
+
+    ids, mask = left_padded_prompts(9, seed=41)
+    plain = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=24, eos_token_id=None)
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=24,
+              eos_token_id=int(plain[0, ids.shape[1] + 2]), pad_token_id=0)
+    expected = target.generate(**kw)
+    seen = []
+    observe = SpeculationLength.observe
+    monkeypatch.setattr(SpeculationLength, "_choose", lambda self, bucket, rows, remaining: 3)
+    monkeypatch.setattr(SpeculationLength, "observe", lambda self, bucket, k, seconds, v: (
+        seen.append((bucket, k, list(v))), observe(self, bucket, k, seconds, v)))
+    draft = make_draft(target, "mix")
+    out = target.generate(**kw, assistant_model=draft, spec_config=fast(num_speculative_tokens=3, adaptive=True),
+                          return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected)
+    m = out.spec_metrics
+    assert len(seen) == m.num_rounds and {b for b, _, _ in seen} > {16}  # every round; smaller buckets too
+    assert all(k == 3 and count == 3 and 0 <= accepted <= 3 for _, k, v in seen for _, accepted, count in v)
+    assert sum(a for _, _, v in seen for _, a, _ in v) == m.num_accepted_tokens
+    assert sum(c for _, _, v in seen for _, _, c in v) == m.num_draft_tokens
+    lengths = (expected[:, ids.shape[1]:] != 0).sum(1).tolist()
+    last_round = {}
+    for i, (_, _, v) in enumerate(seen):
+        for row, _, _ in v:
+            last_round[row] = i
+    assert sorted(last_round) == list(range(9))
+    longest = max(range(9), key=lambda r: lengths[r])
+    assert last_round[longest] == len(seen) - 1 and min(last_round.values()) < len(seen) - 1  # rows left early
+
+
 @pytest.mark.parametrize("batch", [1, 5])
 def test_k0_is_plain_decoding_through_the_runner(target, batch):
     ids, mask = left_padded_prompts(batch, seed=batch)

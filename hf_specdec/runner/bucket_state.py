@@ -102,7 +102,7 @@ class BucketState:
         """Rows ``index`` of ``source`` become this bucket's first rows (a smaller bucket takes the survivors)."""
         n = index.shape[0]
         for name in ("hist", "pads", "batch_row", "length", "gen", "done", "target_tables", "draft_tables",
-                     "keep", "accepted"):
+                     "keep", "accepted", "counts"):  # the last three: a round that ran before the move is read after it
             dst, src = getattr(self, name), getattr(source, name)
             dst[:n] = src.index_select(0, index)[:, : dst.shape[1]] if dst.dim() == 2 else src.index_select(0, index)
         for name in ("max_new", "eos", "stat_rows", "stat_drafts", "stat_draft_tokens", "stat_accepted",
