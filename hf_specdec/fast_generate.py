@@ -125,7 +125,8 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
                 policy.observe(*verdicts)  # the call's last verdicts (its acceptance goes to the next call's prior)
             break
         if bucket_for(len(live)) < runner.state.size:
-            runner.shrink(torch.tensor(live, device=batch.device))
+            # non_blocking: a plain copy to the device waits for the stream, i.e. for the round started ahead
+            runner.shrink(torch.tensor(live).to(batch.device, non_blocking=True))
             rows = [rows[i] for i in live]
     metrics.record_totals(**runner.statistics())
     metrics.k_histogram = dict(sorted(policy.histogram.items()))
