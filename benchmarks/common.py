@@ -217,7 +217,8 @@ def expected_tokens_per_round(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-POLICY_MODULES = ("hf_specdec.generate", "hf_specdec.strategies.speculation_length")
+POLICY_MODULES = ("hf_specdec.generate", "hf_specdec.strategies.speculation_length",
+                  "hf_specdec.strategies.round_costs")
 
 
 @contextmanager

@@ -43,14 +43,10 @@ slowest set the pace).
   project's pair (``benchmarks/policy_replay.py``): the call's own first verdicts as the
   prior, or a single per-row memory of about thirty rounds, left it 5-8% behind the best
   fixed k there.
-* ``c(B, k)``: the wall time of rounds of that bucket and k on this machine, the median of
-  the last few clean measurements (graph replays are steady; a host stall in one round
-  must not price a k out for good). The runner times every k's round when it captures a
-  bucket; the eager path learns them from its rounds: until ``k_max`` and ``0`` are both
-  measured for a bucket, the policy tries them, and other k are interpolated linearly.
-  Without graphs the first round of each (bucket, k) in a call is not timed (one-time work),
-  and a round in which no row drafted (no n-gram match) stands in for a k's cost only until
-  a round that drafted is measured.
+* ``c(B, k)``: the wall time of rounds of that bucket and k on this machine (``round_costs.py``: the
+  median of recent clean measurements, others on a line). The runner times every k's round when it
+  captures a bucket; the eager path learns them from its rounds: until ``k_max`` and ``0`` are both
+  measured for a bucket, the policy tries them.
 * The slowest row at a call's start: rows that have not drafted yet are all at the prior, but the slowest
   of them is not; they count as the slowest of as many rows spread as the batch's rows are
   (``row_spread.py``).
@@ -66,11 +62,11 @@ Buckets fix the shape of a round, so k is one number per round.
 from __future__ import annotations
 
 from collections import Counter
-from statistics import median
 from typing import Optional
 
 import numpy as np
 
+from .round_costs import RoundCosts
 from .row_spread import between_rows_variance, slowest_quantile
 from .run_positions import RunPositions
 
@@ -83,9 +79,7 @@ _SPREAD_MIN_DRAFTS = 8.0  # long-memory drafts of a row before its rate is its o
 _SPREAD_MIN_ROWS = 4  # ... and rows with that many before the spread is estimated (else the last call's)
 _PRIOR_WEIGHT = 4.0  # pseudo-rounds of the prior in a row's match rate, and of 0.5 in a first call's prior
 _CALL_PRIOR_WEIGHT = 32.0  # pseudo-drafts of the earlier calls' acceptance in a call's prior
-_TABLE_REFRESH = 16  # new cost measurements of a bucket before its table is rebuilt
 _IDLE_DECAY = 0.9  # per round of k = 0: estimates drift back to the prior (an H100 run stuck at 0 after dips)
-_COST_SAMPLES = 7  # clean measurements of a round's cost kept (their median is the cost)
 GRAPH_HOLD_ROUNDS = 2  # rounds a decision stands on CUDA graphs, where a round lasts a millisecond or two
 _ZERO_HOLD = 8  # a decision of k = 0 on graphs stands this many times longer (a useless draft's rounds)
 _FIRST_PROBE = 16
@@ -106,7 +100,7 @@ class SpeculationLength:
         self._probing = False  # the decision being made is a probe (set by _choose)
         self._pending: Optional[tuple] = None  # a decision made ahead by prepare: (shape, k, stands, probing)
         self.memory = memory if memory is not None else {}
-        self.costs = self.memory.setdefault("costs", {})  # (bucket, k) -> recent clean seconds
+        self.costs = RoundCosts(k_max, self.memory, first_round_untimed=hold_rounds == 1)  # c(B, k) (round_costs.py)
         prior = self.memory.get("acceptance")
         self.call_prior = 0.5 if prior is None else prior
         self.seen = [0.0, 0.0]  # this call's accepted drafts and rejections over all rows (not decayed)
@@ -119,10 +113,7 @@ class SpeculationLength:
         self._decays = np.array([_DECAY] * 2 + [_LONG_DECAY] * 4 + [_LONG_DECAY ** 2])
         self._idle_decays = np.array([_IDLE_DECAY] * 6 + [_IDLE_DECAY ** 2])
         self.histogram: Counter = Counter()
-        self._tables: dict[int, np.ndarray] = {}  # bucket -> cost_table, until _TABLE_REFRESH new measurements
-        self._fresh: Counter = Counter()  # bucket -> measurements since its table was built
         self._spread: Optional[float] = None  # row_spread(), until the stats move
-        self._timed: set = set()  # (bucket, k) whose first round of this call was dropped as warm-up
         self.memory.setdefault("zero_streak", 0)
         self.memory.setdefault("probe_every", _FIRST_PROBE)
 
@@ -269,55 +260,16 @@ class SpeculationLength:
         return float(self._match_rate([row])[0])
 
     def cost(self, bucket: int, k: int) -> float:
-        return float(self.cost_table(bucket)[k])
+        return float(self.costs.table(bucket)[k])
 
     def cost_table(self, bucket: int) -> np.ndarray:
-        table = self._tables.get(bucket)
-        if table is None:
-            table = self._tables[bucket] = self._cost_table(bucket)
-        return table
-
-    def _cost_table(self, bucket: int) -> np.ndarray:
-        """Seconds of a round of k = 0..k_max: measured ones (median), others on a line through them
-        (through the measured k >= 1 where two exist: a round that drafts pays for the draft)."""
-        measured = {k: median(c) for (b, k), c in self.costs.items() if b == bucket and k <= self.k_max}
-        points = sorted((k, c) for k, c in measured.items() if k >= 1)
-        if len(points) < 2:
-            points = sorted(measured.items())
-        ks = np.arange(self.k_max + 1, dtype=np.float64)
-        if not points:
-            return np.ones(self.k_max + 1)
-        (k0, c0), (k1, c1) = points[0], points[-1]
-        slope = (c1 - c0) / (k1 - k0) if k1 != k0 else 0.0
-        table = np.maximum(c0 + slope * (ks - k0), 1e-9)
-        for k, c in measured.items():
-            table[k] = c
-        return table
+        return self.costs.table(bucket)
 
     def has_costs(self, bucket: int) -> bool:
-        """Every k of this bucket measured (in this call or an earlier one)."""
-        return all((bucket, k) in self.costs for k in range(self.k_max + 1))
+        return self.costs.complete(bucket)
 
     def record_cost(self, bucket: int, k: int, seconds: float, drafted: bool = True) -> None:
-        """One clean measurement of a round of ``k`` at ``bucket`` rows. The table follows at once while a k
-        has few samples (the runner's first timings), else after ``_TABLE_REFRESH`` of them. A round of
-        k > 0 in which no row drafted (n-gram rows without a match) only stands in until a round that
-        drafted is measured: it did not do a drafting round's work."""
-        key, stand_ins = (bucket, k), self.memory.setdefault("stand_ins", set())
-        if not drafted:
-            if key in self.costs and key not in stand_ins:
-                return
-            stand_ins.add(key)
-        elif key in stand_ins:
-            stand_ins.discard(key)
-            self.costs.pop(key, None)
-        samples = self.costs.setdefault(key, [])
-        self._fresh[bucket] += 1
-        if len(samples) < 3 or self._fresh[bucket] >= _TABLE_REFRESH:
-            self._tables.pop(bucket, None)
-            self._fresh[bucket] = 0
-        samples.append(seconds)
-        del samples[:-_COST_SAMPLES]
+        self.costs.record(bucket, k, seconds, drafted)
 
     def observe(self, bucket: int, k: int, seconds: Optional[float], verdicts: list[tuple[int, int, int]]) -> None:
         """After a round: its wall time (None when it included capture or compilation) and, per live row,
@@ -325,7 +277,7 @@ class SpeculationLength:
         if not self.adaptive:
             return
         v = np.asarray(verdicts, dtype=np.int64).reshape(-1, 3)
-        if seconds is not None and not self._warming_up(bucket, k):
+        if seconds is not None and not self.costs.warming_up(bucket, k):
             self.record_cost(bucket, k, seconds, drafted=k == 0 or not len(v) or bool(v[:, 2].any()))
         if not len(v):
             return
@@ -346,19 +298,8 @@ class SpeculationLength:
         self.seen[0] += float(accepted.sum())
         self.seen[1] += float(rejected.sum())
 
-    def _warming_up(self, bucket: int, k: int) -> bool:
-        """Without graphs (``hold_rounds == 1``) the first round of each (bucket, k) in a call is not timed:
-        it carries one-time work (a fresh process's first n-gram round on the CPU took 13.4 ms, later ones
-        7.3, and priced drafting out of its call), as the fast path drops rounds that captured."""
-        if self.hold_rounds > 1 or (bucket, k) in self._timed:
-            return False
-        self._timed.add((bucket, k))
-        return True
-
     def cost_summary(self) -> dict:
-        """Milliseconds of a round per bucket and k as the policy sees them (for spec_metrics)."""
-        buckets = sorted({b for b, _ in self.costs})
-        return {b: {k: round(float(c) * 1e3, 3) for k, c in enumerate(self.cost_table(b))} for b in buckets}
+        return self.costs.summary()
 
     def end_call(self, metrics=None) -> None:
         """This call's prior at its end (its acceptance over the earlier calls') becomes the next call's
