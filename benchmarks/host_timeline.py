@@ -96,7 +96,7 @@ def split(call_start: float, call_end: float) -> dict:
            "before": (rounds[0][0] - call_start) if rounds else 0.0,
            "launch": sum(e - s for s, e in rounds), "wait": sum(e - s for s, e in reads),
            "after": (call_end - reads[-1][1]) if reads else 0.0, "ahead_gap": 0.0, "leave_gap": 0.0,
-           "leave_syncs": 0, "gc_ms": 1e3 * sum(GC), "gc_count": len(GC)}
+           "leave_syncs": 0, "gc_ms": sum(GC), "gc_count": len(GC)}  # seconds until the conversion below
     for (_, read_end), (next_start, _) in zip(reads, rounds[1:]):
         left = any(read_end <= t <= next_start for t in leaving)
         out["leave_gap" if left else "ahead_gap"] += next_start - read_end
@@ -106,7 +106,7 @@ def split(call_start: float, call_end: float) -> dict:
     methods: dict = {}
     for n, s, e in EVENTS:
         methods[n] = methods.get(n, 0.0) + e - s
-    ms = {k: (1e3 * v if isinstance(v, float) and k not in ("gc_ms",) else v) for k, v in out.items()}
+    ms = {k: 1e3 * v if isinstance(v, float) else v for k, v in out.items()}
     ms["methods"] = {k: round(1e3 * v, 3) for k, v in sorted(methods.items())}
     return ms
 

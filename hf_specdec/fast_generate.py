@@ -74,8 +74,8 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
             live_rows = [r for r in rows if r is not None]
             remaining = [batch.max_new_tokens - generated.get(r, 0) for r in live_rows]
             ahead = launch(live_rows, remaining)
-            if verdicts is not None:  # rows joined or a criterion stopped rows: the verdicts waited for this launch
-                learn(verdicts, ahead[4], live_rows, remaining)  # (which took a decision held or prepared)
+            if verdicts is not None:  # no round started ahead (rows wait to join, or host criteria): the last
+                learn(verdicts, ahead[4], live_rows, remaining)  # verdicts waited for this launch
                 verdicts = None
         k, start, warm, caught_up, bucket = ahead
         host = runner.read()  # the round's one sync (of the current bucket: a move to a smaller one came after it)

@@ -25,7 +25,7 @@ class RoundCosts:
         """``first_round_untimed``: a call's first round of each (bucket, k) carries one-time work (no graphs)."""
         self.k_max, self.first_round_untimed = k_max, first_round_untimed
         self.samples = memory.setdefault("costs", {})  # (bucket, k) -> recent clean seconds
-        self.memory = memory
+        self.stand_ins = memory.setdefault("stand_ins", set())  # (bucket, k) priced by a round without drafts
         self._tables: dict[int, np.ndarray] = {}  # bucket -> table, until _TABLE_REFRESH new measurements
         self._fresh: Counter = Counter()  # bucket -> measurements since its table was built
         self._timed: set = set()  # (bucket, k) whose first round of this call was dropped as warm-up
@@ -64,7 +64,7 @@ class RoundCosts:
         has few samples (the runner's first timings), else after ``_TABLE_REFRESH`` of them. A round of
         k > 0 in which no row drafted (n-gram rows without a match) only stands in until a round that
         drafted is measured: it did not do a drafting round's work."""
-        key, stand_ins = (bucket, k), self.memory.setdefault("stand_ins", set())
+        key, stand_ins = (bucket, k), self.stand_ins
         if not drafted:
             if key in self.samples and key not in stand_ins:
                 return

@@ -194,9 +194,9 @@ class SpeculationLength:
     def bottleneck_rounds(self, rows: list[int], remaining: list[int]) -> np.ndarray:
         """For k = 0..k_max: rounds the slowest row still needs, ``max_rows remaining / E_row(k)``."""
         left = np.maximum(np.asarray(remaining, dtype=np.float64), 1.0)[:, None]
-        m = self._match_rate(rows)[:, None]
-        a = self._acceptance(rows)
-        st = self.stats[np.asarray(rows, dtype=np.int64)]
+        index = self._rows(rows)  # first: it may grow the stats
+        st = self.stats[index]
+        m, a = self._matches(st)[:, None], self._rates(st)
         unknown = st[:, 4] + st[:, 5] < _SPREAD_MIN_DRAFTS  # rows whose own rate is not known yet
         n_unknown = int(unknown.sum())
         if n_unknown > 1:  # the slowest of them, z_m spreads below the prior (row_spread.py)
@@ -228,7 +228,10 @@ class SpeculationLength:
 
     def _acceptance(self, rows) -> np.ndarray:
         index = self._rows(rows)  # first: it may grow the stats
-        st = self.stats[index]
+        return self._rates(self.stats[index])
+
+    def _rates(self, st: np.ndarray) -> np.ndarray:
+        """Each row's acceptance from its stats: short memory over long memory over the call's prior."""
         long = (st[:, 4] + _LONG_PRIOR_WEIGHT * self.prior) / (st[:, 4] + st[:, 5] + _LONG_PRIOR_WEIGHT)
         return (st[:, 0] + _ROW_PRIOR_WEIGHT * long) / (st[:, 0] + st[:, 1] + _ROW_PRIOR_WEIGHT)
 
@@ -248,9 +251,12 @@ class SpeculationLength:
 
     def _match_rate(self, rows) -> np.ndarray:
         index = self._rows(rows)
+        return self._matches(self.stats[index])
+
+    def _matches(self, st: np.ndarray) -> np.ndarray:
+        """Each row's n-gram match rate from its stats (a draft model always proposes)."""
         if self.method != "ngram":
-            return np.ones(len(index))
-        st = self.stats[index]
+            return np.ones(len(st))
         return (st[:, 2] + _PRIOR_WEIGHT * 0.5) / (st[:, 2] + st[:, 3] + _PRIOR_WEIGHT)
 
     def acceptance(self, row: int) -> float:
