@@ -34,7 +34,9 @@ class SpecConfig:
     cache_memory_fraction: alternatively, the fraction of free accelerator memory the two
         caches may take (split evenly). Ignored on CPU.
     generator: a torch.Generator for every random draw (drafting and acceptance), for
-        reproducible sampling without touching the global seed.
+        reproducible sampling without touching the global seed. CUDA graphs are captured per
+        generator object: reseed one generator (``manual_seed``) rather than making a new one
+        per call, which captures anew each time.
     sync_stage_timing: synchronise the device around each stage so that the stage times in
         spec_metrics are exact (costs a little speed on GPU).
     bucketed: run rounds on the fixed-shape runner (rows padded to batch buckets, bookkeeping

@@ -51,6 +51,30 @@ def test_batch_of_8_in_a_budget_of_2_rows_equals_plain_generate(target, bucketed
     assert m.num_rounds < m.num_drafts <= 2 * m.num_rounds  # at most 2 rows a round, 2 in some
 
 
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
+def test_acceptance_statistics_in_waves_are_the_whole_batchs(target, bucketed, method):
+    """Greedy rounds of a fixed k depend only on each row's own text, so the call's acceptance statistics
+    (summed on the device on the runner) are the unlimited budget's although rows start in waves and the
+    bucket is rebuilt whenever they join."""
+    ids, mask = left_padded_prompts(8, seed=35)
+    plain = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW, eos_token_id=None)
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW,
+              eos_token_id=int(plain[3, ids.shape[1] + 4]), pad_token_id=0, return_dict_in_generate=True,
+              assistant_model=make_draft(target, "mix") if method == "draft" else None)
+    metrics = []
+    for budget in (None, two_rows_budget(mask)):
+        spec = hf_specdec.SpecConfig(num_speculative_tokens=K, block_size=BLOCK, cache_tokens=budget, method=method,
+                                     prompt_lookup_min=1, bucketed=bucketed, adaptive=False)
+        metrics.append(target.generate(**kw, spec_config=spec).spec_metrics)
+    unlimited, waves = metrics
+    assert waves.num_rounds > unlimited.num_rounds  # it ran in waves
+    totals = lambda m: (m.num_row_rounds, m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens,  # noqa: E731
+                        m.accepted_per_position)
+    assert totals(waves) == totals(unlimited)
+    assert 0 < waves.num_accepted_tokens and waves.acceptance_rate <= 1 and waves.match_fraction <= 1
+
+
 @pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
 def test_sampled_waves_reproduce_with_a_fixed_generator(target, bucketed):
     ids, mask = left_padded_prompts(8, seed=33)

@@ -3,6 +3,8 @@
 The runner's code is the same with or without CUDA graphs; on CPU it runs eagerly
 (``SpecConfig(bucketed=True)``), which is how CI covers the GPU fast path.
 """
+import weakref
+
 import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
@@ -129,6 +131,26 @@ def test_sampling_with_warpers_runs_on_the_runner(target):
     assert out.spec_metrics.fast_path == "bucketed"
     assert out.sequences.shape[1] == ids.shape[1] + 12
     assert 0 < out.spec_metrics.acceptance_rate < 1
+
+
+def test_a_new_generator_never_finds_the_graphs_of_a_dropped_one(target):
+    """Graphs replay the generator they were captured with. A generator the user dropped must not lend its
+    configuration to a new one that CPython allocates at the same address (the new seed would be ignored):
+    the runner keeps each configuration's generator alive, so its address cannot come back while the
+    configuration is kept, and every generator gets a configuration of its own."""
+    draft = make_draft(target, "mix")
+    ids, mask = left_padded_prompts(2, seed=3)
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=6, assistant_model=draft)
+    runner = runner_for(target, draft)
+    dropped, slots = [], []
+    for _ in range(4):
+        gen = torch.Generator().manual_seed(0)
+        target.generate(**kw, spec_config=fast(num_speculative_tokens=2, generator=gen))
+        slots.append(runner.slots.slot(runner.key))
+        dropped.append(weakref.ref(gen))
+        del gen  # the user's last reference
+    assert all(ref() is not None for ref in dropped)  # (the runner's own last spec held only the newest)
+    assert len({id(s) for s in slots}) == 4
 
 
 class ShiftLogits(LogitsProcessor):

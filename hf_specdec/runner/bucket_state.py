@@ -36,6 +36,9 @@ def bucket_for(rows: int) -> int:
     return -(-rows // 128) * 128
 
 
+STAT_FIELDS = ("stat_rows", "stat_drafts", "stat_draft_tokens", "stat_accepted", "stat_per_position")
+
+
 @dataclass
 class BucketState:
     hist: torch.Tensor
@@ -65,6 +68,10 @@ class BucketState:
     @property
     def size(self) -> int:
         return self.hist.shape[0]
+
+    def stats(self) -> list[torch.Tensor]:
+        """The acceptance statistics (``STAT_FIELDS``): a call's totals, whichever buckets its rounds ran in."""
+        return [getattr(self, name) for name in STAT_FIELDS]
 
     @classmethod
     def allocate(cls, rows: int, width: int, table_width: int, k: int, vocab: Optional[int],
@@ -105,6 +112,5 @@ class BucketState:
                      "keep", "accepted", "counts"):  # the last three: a round that ran before the move is read after it
             dst, src = getattr(self, name), getattr(source, name)
             dst[:n] = src.index_select(0, index)[:, : dst.shape[1]] if dst.dim() == 2 else src.index_select(0, index)
-        for name in ("max_new", "eos", "stat_rows", "stat_drafts", "stat_draft_tokens", "stat_accepted",
-                     "stat_per_position"):
+        for name in ("max_new", "eos") + STAT_FIELDS:
             getattr(self, name).copy_(getattr(source, name))

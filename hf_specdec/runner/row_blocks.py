@@ -39,9 +39,9 @@ def rejoin(runner: SpecRunner, live: list[int], live_rows: list[int], live_gen: 
             :, : batch.tokens.shape[1]]
         for b, gen in zip(live_rows, live_gen):
             batch.gen_len[b] = gen
-    stats = [t.clone() for t in (s.stat_drafts, s.stat_accepted, s.stat_per_position)]
+    stats = [t.clone() for t in s.stats()]
     # the survivors' draft model has still to read what it missed (new rows re-read cached tokens)
     runner.load(live_rows + new_rows, eos_ids, behind=runner.draft_behind)
     s = runner.state
-    for t, saved in zip((s.stat_drafts, s.stat_accepted, s.stat_per_position), stats):
+    for t, saved in zip(s.stats(), stats):
         t.add_(saved)

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
 
 MAX_SLOTS = 16
 
@@ -29,7 +32,9 @@ class RunnerKey:
     method: str
     ngram_sizes: tuple
     logits_signature: tuple
-    generator_id: int
+    # the generator itself, not its id: a graph replays the state of the generator it was captured with, and
+    # the id of a generator the user dropped goes to the next one made (whose seed the graphs would ignore)
+    generator: Optional[torch.Generator]
     graphs: bool
     compile: bool
     block_size: int

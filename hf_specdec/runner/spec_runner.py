@@ -71,7 +71,7 @@ class SpecRunner:
         # calls change a shape. Without graphs (CPU) the torch reference reads whole tables: keep them tight.
         longest = max(budgets + ([self._max_positions()] if graphs else []))
         key = RunnerKey(k, spec.do_sample, spec.acceptance, spec.method, spec.ngram_sizes, logits_signature,
-                        id(spec.generator), graphs, compile and self.compile_error is None, block_size, pool_blocks,
+                        spec.generator, graphs, compile and self.compile_error is None, block_size, pool_blocks,
                         max(capacity(batch.tokens.shape[1], 64), self.key.width if self.key else 0),
                         max(capacity(blocks_for(longest, block_size), 8), self.key.table_width if self.key else 0),
                         vocab)
@@ -163,7 +163,7 @@ class SpecRunner:
         self._clear_padding(s, n)
         s.max_new.fill_(batch.max_new_tokens)
         s.eos.copy_(torch.tensor((eos_ids + [-1] * MAX_EOS_IDS)[:MAX_EOS_IDS], device=device))
-        for t in (s.stat_rows, s.stat_drafts, s.stat_draft_tokens, s.stat_accepted, s.stat_per_position):
+        for t in s.stats():
             t.zero_()
         self.state = s
         if self.draft_deferred:  # the draft holds nothing: the longest row's length-2 tokens, from position 0
@@ -309,7 +309,7 @@ class SpecRunner:
     def statistics(self) -> dict:
         """Acceptance statistics summed on the device over the call's rounds."""
         s = self.state
-        totals = torch.stack([s.stat_rows, s.stat_drafts, s.stat_draft_tokens, s.stat_accepted]).tolist()
+        totals = torch.stack(s.stats()[:4]).tolist()
         return dict(zip(("rows", "drafts", "draft_tokens", "accepted"), totals),
                     per_position=s.stat_per_position.tolist())
 
