@@ -155,9 +155,9 @@ def replay_call(policy, bucket: int, runs: list[np.ndarray], cost: np.ndarray, d
         if shrink is not None:
             bucket = bucket_for(len(live))
             cost = shrink[bucket]
-        before = policy._held
+        before = policy.decisions_taken
         k = policy.choose(bucket, live, [ends[i] - pos[i] for i in live])
-        fresh = policy._held is not before  # a held decision keeps its list
+        fresh = policy.decisions_taken != before
         verdicts = []
         for i in live:
             n = min(k, int(runs[i][pos[i]]))

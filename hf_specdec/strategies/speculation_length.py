@@ -96,6 +96,7 @@ class SpeculationLength:
         self.k_max, self.adaptive, self.method = k_max, adaptive, method
         self.hold_rounds = hold_rounds
         self._held: Optional[list] = None  # [(bucket, live rows), k, rounds it still stands]
+        self.decisions_taken = 0  # rounds of ``choose`` that did not follow a standing decision
         self._stands = hold_rounds  # rounds the decision being made stands (set by _choose)
         self._probing = False  # the decision being made is a probe (set by _choose)
         self._pending: Optional[tuple] = None  # a decision made ahead by prepare: (shape, k, stands, probing)
@@ -130,6 +131,7 @@ class SpeculationLength:
             else:
                 k = self._decide(bucket, rows, remaining)
             self._held = [shape, k, self._stands - 1]
+            self.decisions_taken += 1
             if self.adaptive and not self._probing:  # a fixed k leaves the memory to the adaptive calls
                 self.memory["last_k"] = k
         self.histogram[k] += 1
