@@ -15,13 +15,15 @@ gives the caches a budget of N rows at a time, so rows start in waves as others 
 """
 import argparse
 import copy
+import os
 import sys
 import time
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import hf_specdec
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout, not installed
+import hf_specdec  # noqa: E402
 
 PATHS = {
     "eager": dict(bucketed=False),
