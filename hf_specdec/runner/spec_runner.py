@@ -308,10 +308,9 @@ class SpecRunner:
 
     def statistics(self) -> dict:
         """Acceptance statistics summed on the device over the call's rounds."""
-        s = self.state
-        totals = torch.stack(s.stats()[:4]).tolist()
-        return dict(zip(("rows", "drafts", "draft_tokens", "accepted"), totals),
-                    per_position=s.stat_per_position.tolist())
+        *totals, per_position = self.state.stats()
+        return dict(zip(("rows", "drafts", "draft_tokens", "accepted"), torch.stack(totals).tolist()),
+                    per_position=per_position.tolist())
 
     # -- internals -----------------------------------------------------------------
     def _max_positions(self) -> int:
