@@ -53,7 +53,12 @@ def _delegate(module):
     return ALL_ATTENTION_FUNCTIONS[original]
 
 
+@torch.compiler.disable
 def paged_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Outside every compiled region (a graph break): what it reads per layer (``module.layer_idx``, that layer's
+    pools) would otherwise become a guard of the compiled layer, and each of a model's layers would compile its own
+    copy; this way one compiled decoder layer serves them all (``runner/compiled_regions.py``). Its kernels are
+    custom ops, so under CUDA graphs the break costs nothing at replay."""
     batch = kwargs.pop(PAGED_BATCH_KWARG, None)
     if batch is None:
         return _delegate(module)(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)

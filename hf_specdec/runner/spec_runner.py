@@ -23,6 +23,7 @@ from transformers import PreTrainedModel
 
 from ..cache import PagedKVCache, blocks_for, input_device, paged_forward
 from .bucket_state import MAX_EOS_IDS, BucketState, bucket_for
+from .compiled_regions import compile_model
 from .fixed_round import RoundSpec, catch_up_draft, propose, propose_ngram, verify_and_commit
 from .graphs import StageGraph
 from .paged_model import PagedModel
@@ -191,12 +192,11 @@ class SpecRunner:
         return caught_up
 
     def capture(self, ks) -> None:
-        """Capture the current bucket's graphs for every k in ``ks`` now (adaptive rounds may pick any)."""
+        """Capture the current bucket's graphs for every k in ``ks`` now (before rounds that are timed). Other
+        graphs (another k, the draft's catch-up) are captured when a round first needs them."""
         if self.key.graphs:
             for k in ks:
                 self._stages(k)
-            if self.spec.method == "draft" and self.spec.k and self._catch_up_graph_fits():
-                self._catch_up_graph()
 
     def time_rounds(self, ks, repeats: int = 3) -> dict[int, list[float]]:
         """Wall seconds of whole rounds of each k (graph replays and the round's sync) at the current bucket,
@@ -339,8 +339,7 @@ class SpecRunner:
             return None
         if name not in self.compiled:
             start = time.perf_counter()
-            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-            self.compiled[name] = torch.compile(model, dynamic=True)
+            self.compiled[name] = compile_model(model)
             self.warmup_seconds += time.perf_counter() - start
         return self.compiled[name]
 

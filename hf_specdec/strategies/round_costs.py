@@ -5,7 +5,8 @@ A round's cost is the median of its last few clean measurements (graph replays a
 in one round must not price a k out for good); a k not measured lies on the line through the measured
 ones (through the measured k >= 1 where two exist: a round that drafts pays for the draft). The samples
 live in the policy's memory (``memory["costs"]``: (bucket, k) -> seconds), so they outlive a call; the
-runner seeds them on graphs by timing every k's round when it captures a bucket. Without graphs the
+runner seeds them on graphs by timing rounds of k = 0 and k_max when it first uses a bucket (the line
+prices the k between until their own rounds are measured). Without graphs the
 first round of each (bucket, k) in a call is not timed (one-time work), and a round in which no row
 drafted (no n-gram match) stands in for its k only until a round that drafted is measured.
 """
@@ -56,8 +57,9 @@ class RoundCosts:
         return table
 
     def complete(self, bucket: int) -> bool:
-        """Every k of this bucket measured (in this call or an earlier one)."""
-        return all((bucket, k) in self.samples for k in range(self.k_max + 1))
+        """Both ends of this bucket (k = 0 and k_max) measured, in this call or an earlier one: the line through
+        them prices the k between until their own rounds are measured."""
+        return all((bucket, k) in self.samples for k in {0, self.k_max})
 
     def record(self, bucket: int, k: int, seconds: float, drafted: bool = True) -> None:
         """One clean measurement of a round of ``k`` at ``bucket`` rows. The table follows at once while a k

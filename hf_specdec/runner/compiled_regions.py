@@ -1,0 +1,26 @@
+"""The models the runner compiles: one compiled decoder layer serves every layer (regional compilation).
+
+Compiling the whole model unrolls every layer into one graph: an 8B-shaped Llama took about a minute per
+shape family on an H200, in every new process. accelerate's ``compile_regions`` compiles each repeated block
+with ``torch.compile`` instead; since the layers share their code and their weights are graph inputs, Dynamo
+traces one layer and Inductor compiles it once for all of them. The paged attention sits outside the compiled
+regions (``cache/attention.py``: it reads the layer's index, which would otherwise make each layer a guard of
+its own), so a layer is a few compiled pieces around an opaque attention call; under CUDA graphs the breaks
+cost nothing at replay. The user's model is not changed: ``compile_regions`` returns a shallow copy that shares
+its modules and weights. Shapes are dynamic: one compiled layer serves every batch bucket and every k (token
+counts of 1 apart, which torch specialises).
+"""
+from __future__ import annotations
+
+import torch
+from accelerate.utils import compile_regions
+from transformers import PreTrainedModel
+
+# compiled variants per code object: (target, draft) x (1 token, any count) x (full, sliding-window layers) ...
+_CACHE_SIZE_LIMIT = 64
+
+
+def compile_model(model: PreTrainedModel, backend="inductor"):
+    """A callable like ``model`` whose repeated decoder layers (and other children) are compiled."""
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, _CACHE_SIZE_LIMIT)
+    return compile_regions(model, dynamic=True, backend=backend)
