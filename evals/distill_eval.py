@@ -19,6 +19,7 @@ import time
 import torch
 
 import hf_specdec
+from hf_specdec.setup import cache_keyword
 
 
 def _autocast(device, dtype):
@@ -100,17 +101,17 @@ def eager_step_ms(model, batch: int, context: int, repeats: int = 20) -> float:
     vocab = model.config.get_text_config().vocab_size
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, vocab, (batch, context), generator=gen).to(device)
-    out = model(input_ids=ids, use_cache=True)
-    past, step = out.past_key_values, ids[:, -1:]
+    key = cache_keyword(model)  # `cache` (`past_key_values` warns from transformers 5.24) or the older name
+    past, step = getattr(model(input_ids=ids, use_cache=True), key), ids[:, -1:]
     times = []
     for i in range(repeats + 3):
         _sync(device)
         t = time.perf_counter()
-        out = model(input_ids=step, past_key_values=past, use_cache=True)
+        out = model(input_ids=step, use_cache=True, **{key: past})
         _sync(device)
         if i >= 3:
             times.append((time.perf_counter() - t) * 1000)
-        past = out.past_key_values
+        past = getattr(out, key)
     return statistics.median(times)
 
 

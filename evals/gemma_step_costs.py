@@ -39,6 +39,7 @@ EVALS = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [EVALS, os.path.dirname(EVALS)]  # these evals, and this checkout's hf_specdec
 from distill_eval import read_bytes  # noqa: E402
 from distill_model import draft_from_target, pick_layers  # noqa: E402
+from hf_specdec.setup import cache_keyword  # noqa: E402
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
             head_dim=32, query_pre_attn_scalar=32, vocab_size=4096, sliding_window=16,
@@ -96,12 +97,13 @@ def forward_ms(model, batch: int, context: int, tokens: int, repeats: int) -> fl
     vocab = model.config.get_text_config().vocab_size
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(4, vocab, (batch, context + tokens), generator=gen).to(device)
-    past = model(input_ids=ids[:, :context], use_cache=True).past_key_values
+    key = cache_keyword(model)  # `cache` (`past_key_values` warns from transformers 5.24) or the older name
+    past = getattr(model(input_ids=ids[:, :context], use_cache=True), key)
     step, times = ids[:, context:], []
     for i in range(repeats + 3):
         _sync(device)
         t = time.perf_counter()
-        past = model(input_ids=step, past_key_values=past, use_cache=True).past_key_values
+        past = getattr(model(input_ids=step, use_cache=True, **{key: past}), key)
         _sync(device)
         if i >= 3:
             times.append((time.perf_counter() - t) * 1000)

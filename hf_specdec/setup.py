@@ -5,6 +5,7 @@ cannot be served exactly.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Optional
 
@@ -19,7 +20,32 @@ from .tensor_parallel import tp_size
 
 # Vocabularies padded for efficiency differ by at most this many (unused) rows.
 _MAX_VOCAB_PADDING = 256
-_UNSUPPORTED_MODEL_KWARGS = ("inputs_embeds", "past_key_values_in", "encoder_outputs", "pixel_values")
+_UNSUPPORTED_MODEL_KWARGS = ("inputs_embeds", "encoder_outputs", "pixel_values")
+# Where generate() keeps its KV cache in model_kwargs: `cache` in transformers 5.24, `past_key_values` in 5.17.
+_CACHE_KWARGS = ("cache", "past_key_values")
+
+
+def cache_keyword(model) -> str:
+    """The keyword under which this transformers' ``model.forward`` takes a KV cache: ``cache`` (5.24 warns on
+    ``past_key_values``, 5.40 removes it) or, on releases before the rename, ``past_key_values``."""
+    params = inspect.signature(model.forward).parameters
+    return "past_key_values" if "past_key_values" in params and "cache" not in params else "cache"
+
+
+def _check_no_user_cache(model_kwargs: dict) -> None:
+    """generate() puts a fresh cache of its own in model_kwargs; one the user passed would be left unfilled
+    and unreturned (plain generate() extends it), so it is refused rather than ignored."""
+    for name in _CACHE_KWARGS:
+        cache = model_kwargs.get(name)
+        if cache is None:
+            continue
+        held = cache.get_seq_length() if hasattr(cache, "get_seq_length") else 0
+        if getattr(cache, "_is_user_defined", False) or held:
+            raise ValueError(
+                f"hf_specdec keeps its own paged KV cache and cannot use the {type(cache).__name__} passed to "
+                f"generate() (as `{name}`, holding {held} tokens). Drop the `cache=` / `past_key_values=` "
+                "argument: the whole sequence goes in input_ids and its prompt is prefilled."
+            )
 
 
 @dataclass
@@ -88,6 +114,7 @@ def check_request(model, draft_model, input_ids, generation_config: GenerationCo
     for name in _UNSUPPORTED_MODEL_KWARGS:
         if model_kwargs.get(name) is not None:
             raise ValueError(f"hf_specdec does not accept `{name}`; pass input_ids (and attention_mask).")
+    _check_no_user_cache(model_kwargs)
     check_paged_support(model)
     if draft_model is not None:
         check_paged_support(draft_model)

@@ -10,6 +10,7 @@ import torch
 import transformers
 
 from hf_specdec.cache import PagedKVCache, paged_forward
+from hf_specdec.setup import cache_keyword
 
 VOCAB = 96
 
@@ -101,13 +102,12 @@ def hf_logits(model, tokens: list[int]) -> torch.Tensor:
 @torch.no_grad()
 def hf_logits_with_cache(model, prefix: list[int], new: list[int]) -> torch.Tensor:
     """Logits ``(len(new), V)``: HF builds a DynamicCache on ``prefix``, then runs ``new`` on it."""
-    cache = transformers.DynamicCache(config=model.config)
+    cache = {cache_keyword(model): transformers.DynamicCache(config=model.config)}
     n = len(prefix)
     if n:
-        model(input_ids=torch.tensor([prefix]), past_key_values=cache, use_cache=True,
-              position_ids=torch.arange(n)[None])
-    out = model(input_ids=torch.tensor([new]), past_key_values=cache, use_cache=True,
-                position_ids=torch.arange(n, n + len(new))[None])
+        model(input_ids=torch.tensor([prefix]), use_cache=True, position_ids=torch.arange(n)[None], **cache)
+    out = model(input_ids=torch.tensor([new]), use_cache=True, position_ids=torch.arange(n, n + len(new))[None],
+                **cache)
     return out.logits[0].float()
 
 

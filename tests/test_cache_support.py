@@ -17,6 +17,7 @@ import hf_specdec
 import hf_specdec.cache.attention as paged_attn_module
 from cache_models import VOCAB, PagedRunner, build_model, shuffled_cache
 from hf_specdec.cache import ATTN_NAME, check_paged_support, paged_attention_enabled
+from hf_specdec.setup import cache_keyword
 
 
 def _without_attention_interface(model):
@@ -38,11 +39,11 @@ def _padded_inputs():
 def _ordinary_logits(model):
     """Logits of ordinary HF calls: a left-padded batch, then 3 more tokens on its DynamicCache."""
     ids, mask = _padded_inputs()
-    cache = transformers.DynamicCache(config=model.config)
-    first = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True).logits
+    cache = {cache_keyword(model): transformers.DynamicCache(config=model.config)}
+    first = model(input_ids=ids, attention_mask=mask, use_cache=True, **cache).logits
     more = torch.tensor([[3, 4, 5], [6, 7, 8]])
     mask2 = torch.cat([mask, torch.ones_like(more)], dim=1)
-    second = model(input_ids=more, attention_mask=mask2, past_key_values=cache, use_cache=True).logits
+    second = model(input_ids=more, attention_mask=mask2, use_cache=True, **cache).logits
     return torch.cat([first[0], first[1, 4:], second.flatten(0, 1)])
 
 
