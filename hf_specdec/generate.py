@@ -99,7 +99,10 @@ def speculative_generate(
         admission = Admission(batch, spec_config.block_size, blocks, hint)  # a row too large fails here
         runner.begin(batch, spec, path.logits.signature, request.vocab_size, path.graphs, path.compile,
                      spec_config.block_size, blocks, hint,
-                     fixed_prefill=group is None and (path.graphs or spec_config.bucketed is True))
+                     fixed_prefill=group is None and (path.graphs or spec_config.bucketed is True),
+                     compile_wait=spec_config.compile is True)
+        if runner.compile_status():  # compiled code not ready yet (or failed): this call ran graphs of the models
+            metrics.fast_path = f"graphs ({runner.compile_status()})"
         policy = SpeculationLength(k, adaptive, method, runner.policy_memory,
                                    hold_rounds=GRAPH_HOLD_ROUNDS if path.graphs else 1)
         with paged_attention_enabled(*((model,) if draft is None else (model, draft))):

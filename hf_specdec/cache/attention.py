@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import weakref
 from typing import Iterator
 
@@ -123,22 +124,38 @@ def _attn_configs(model: PreTrainedModel) -> list:
 _configs_of: "weakref.WeakKeyDictionary[PreTrainedModel, list]" = weakref.WeakKeyDictionary()
 
 
+# Paged forwards in flight per config (id -> count), from any thread: the runner's background compilation
+# (runner/background_compile.py) runs paged forwards of a model while the caller's thread runs its own, and the
+# first to finish must not hand the other's remaining layers back to the user's implementation.
+_in_flight: dict[int, int] = {}
+_saved_impl: dict[int, str] = {}  # id(config) -> the implementation to restore when its last paged forward ends
+_switch_lock = threading.Lock()
+
+
 @contextlib.contextmanager
 def _paged_implementation(model: PreTrainedModel) -> Iterator[None]:
     """Name ``ATTN_NAME`` as the model's attention implementation for one forward (plain attribute writes)."""
     configs = _attn_configs(model)
-    saved = [c._attn_implementation_internal for c in configs]
+    with _switch_lock:
+        for config in configs:
+            key = id(config)
+            if not _in_flight.get(key):
+                original = _saved_impl[key] = config._attn_implementation_internal
+                if original != ATTN_NAME:
+                    _original_impl[key] = original
+                config._attn_implementation_internal = ATTN_NAME
+            _in_flight[key] = _in_flight.get(key, 0) + 1
     try:
-        for config, original in zip(configs, saved):
-            if original != ATTN_NAME:
-                _original_impl[id(config)] = original
-            config._attn_implementation_internal = ATTN_NAME
         yield
     finally:
-        for config, original in zip(configs, saved):
-            config._attn_implementation_internal = original
-            if original != ATTN_NAME:
-                _original_impl.pop(id(config), None)
+        with _switch_lock:
+            for config in configs:
+                key = id(config)
+                _in_flight[key] -= 1
+                if not _in_flight[key]:
+                    del _in_flight[key]
+                    config._attn_implementation_internal = _saved_impl.pop(key)
+                    _original_impl.pop(key, None)
 
 
 @contextlib.contextmanager
@@ -155,9 +172,11 @@ def paged_attention_enabled(*models: PreTrainedModel) -> Iterator[None]:
     try:
         yield
     finally:
-        for _, configs in saved:
-            for config, original in configs:
-                config._attn_implementation_internal = original
+        with _switch_lock:  # a paged forward of another thread still running restores its configs itself
+            for _, configs in saved:
+                for config, original in configs:
+                    if id(config) not in _in_flight:
+                        config._attn_implementation_internal = original
 
 
 def paged_forward(model: PreTrainedModel, input_ids: torch.Tensor, batch, logits_rows: torch.Tensor,

@@ -10,10 +10,16 @@ a later call with the same seed (replaying only) emits.
 """
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable, Optional
 
 import torch
+
+# Held while a graph is captured, and by the background compilation while it runs the compiled models on the GPU
+# (background_compile.py): work of another thread on the device (an autotuning benchmark's device-wide
+# synchronisation, a module load) invalidates a capture in progress.
+CAPTURE_LOCK = threading.RLock()
 
 
 class StageGraph:
@@ -25,6 +31,11 @@ class StageGraph:
         self.graph = torch.cuda.CUDAGraph()
         self.capture_seconds = 0.0
         start = time.perf_counter()
+        with CAPTURE_LOCK:
+            self._capture(stage, buffers, generator, pool, what)
+        self.capture_seconds = time.perf_counter() - start
+
+    def _capture(self, stage, buffers, generator, pool, what) -> None:
         saved = [t.clone() for t in buffers]
         drawn_from = generator.get_state() if generator is not None else None
         side = torch.cuda.Stream()
@@ -39,14 +50,14 @@ class StageGraph:
         if generator is not None and generator.device.type == "cuda":
             self.graph.register_generator_state(generator)
         try:
-            with torch.cuda.graph(self.graph, pool=pool):
+            # thread_local: other threads' host work (the background compilation's tracing) may go on meanwhile
+            with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
                 stage()
             torch.cuda.synchronize()
         except Exception as exc:  # name what was being captured: the CUDA error alone does not say
             raise RuntimeError(f"capturing the CUDA graph of {what} failed ({type(exc).__name__}: {exc}); the warm-up "
                                "run of the same code had passed. Rerun with CUDA_LAUNCH_BLOCKING=1 to see the "
                                "operation that broke the capture, or pass SpecConfig(cuda_graphs=False).") from exc
-        self.capture_seconds = time.perf_counter() - start
 
     def __call__(self) -> None:
         self.graph.replay()

@@ -23,7 +23,7 @@ from transformers import PreTrainedModel
 
 from ..cache import PagedKVCache, blocks_for, input_device, paged_forward
 from .bucket_state import MAX_EOS_IDS, BucketState, bucket_for
-from .compiled_regions import compile_model
+from .background_compile import BackgroundCompile
 from .fixed_round import RoundSpec, catch_up_draft, propose, propose_ngram, verify_and_commit
 from .graphs import StageGraph
 from .paged_model import PagedModel
@@ -43,17 +43,19 @@ class SpecRunner:
         self.graphs: dict[tuple[str, int, int], StageGraph] = {}
         self.prefills = FixedPrefill()  # fixed-shape prefill buffers and graphs (prefill.py)
         self.fixed_prefill = True
-        self.compiled: dict[str, object] = {}
+        self.compiling: dict[str, BackgroundCompile] = {}  # per model: its compiled code, made off the call's path
         self.warmup_seconds = 0.0
-        self.compile_error: Optional[str] = None
         self.draft_behind = 0  # tokens (rounds of k = 0, or whole rows) the draft model has not read yet
         self.draft_deferred = False  # this call's rows start without the draft model's prefill
         self.policy_memory: dict = {}  # what the speculation-length policy keeps across calls (round costs, ...)
 
     # -- per call ------------------------------------------------------------------
     def begin(self, batch, spec: RoundSpec, logits_signature: tuple, vocab: int, graphs: bool, compile: bool,
-              block_size: int, cache_blocks: Optional[int], hint: str, fixed_prefill: bool = True) -> None:
+              block_size: int, cache_blocks: Optional[int], hint: str, fixed_prefill: bool = True,
+              compile_wait: bool = False) -> None:
         """Size (or reuse) caches and buckets for this call (rows get blocks as they start: row_blocks.py).
+        ``compile``: run compiled models once they are ready (background_compile.py): until then this call runs
+        graphs of the models as they are, unless ``compile_wait``.
         ``cache_blocks``: the user's budget per cache (None: what the call needs, rounded up).
         ``fixed_prefill``: prompts read in fixed shapes (prefill.py; only where every model runs on the
         inputs' device), else eagerly and unpadded."""
@@ -71,8 +73,11 @@ class SpecRunner:
         # (a wide table costs the Triton kernels nothing: attention stops at each row's length), so few
         # calls change a shape. Without graphs (CPU) the torch reference reads whole tables: keep them tight.
         longest = max(budgets + ([self._max_positions()] if graphs else []))
+        uses_draft = k > 0 and spec.method == "draft"
+        models = {"target": self.target, "draft": self.draft} if uses_draft else {"target": self.target}
+        compiled = compile and self._compiled_ready(models, vocab, block_size, compile_wait)
         key = RunnerKey(k, spec.do_sample, spec.acceptance, spec.method, spec.ngram_sizes, logits_signature,
-                        spec.generator, graphs, compile and self.compile_error is None, block_size, pool_blocks,
+                        spec.generator, graphs, compiled, block_size, pool_blocks,
                         max(capacity(batch.tokens.shape[1], 64), self.key.width if self.key else 0),
                         max(capacity(blocks_for(longest, block_size), 8), self.key.table_width if self.key else 0),
                         vocab)
@@ -90,8 +95,6 @@ class SpecRunner:
             self.states, self.graphs = slot.states, slot.graphs
             self.policy_memory = self.slots.policy_memory(key)
             self.key = key
-        uses_draft = k > 0 and spec.method == "draft"
-        models = {"target": self.target, "draft": self.draft} if uses_draft else {"target": self.target}
         for name, model in models.items():
             cache = self.caches.get(name)
             if cache is None:
@@ -102,7 +105,8 @@ class SpecRunner:
             cache.add_sequences(1)  # row 0: the scratch sequence of padding rows
             cache.reserve([0], [scratch_tokens])
             cache.add_sequences(batch.size)  # blocks as each row starts: row_blocks.reserve_rows
-        self.models = {name: PagedModel(model, self.caches[name], vocab, self._compiled(name, model))
+        self.models = {name: PagedModel(model, self.caches[name], vocab,
+                                        self.compiling[name].compiled if compiled else None)
                        for name, model in models.items()}
         self.fixed_prefill = fixed_prefill and all(_same_device(pm.cache.device, batch.device)
                                                    for pm in self.models.values())
@@ -334,14 +338,28 @@ class SpecRunner:
                    for name, pm in self.models.items()}
         s.clear_padding(live, scratch["target"], scratch.get("draft", scratch["target"]))
 
-    def _compiled(self, name: str, model: PreTrainedModel):
-        if not self.key.compile:
+    def _compiled_ready(self, models: dict, vocab: int, block_size: int, wait: bool) -> bool:
+        """Every model of this call has its compiled code: started in the background the first time (or made
+        now, ``wait``; that time counts as warm-up)."""
+        ready = True
+        for name, model in models.items():
+            job = self.compiling.get(name)
+            if job is None:
+                job = self.compiling[name] = BackgroundCompile(model, vocab, block_size)
+            if wait:
+                start = time.perf_counter()
+                job.wait()
+                self.warmup_seconds += time.perf_counter() - start
+            ready = job.start().ready() and ready
+        return ready
+
+    def compile_status(self) -> Optional[str]:
+        """Why this call runs without the compiled code it asked for (None when it has it or did not ask)."""
+        jobs = [job for name, job in self.compiling.items() if name in self.models]
+        if self.key.compile or not jobs:
             return None
-        if name not in self.compiled:
-            start = time.perf_counter()
-            self.compiled[name] = compile_model(model)
-            self.warmup_seconds += time.perf_counter() - start
-        return self.compiled[name]
+        failed = [job.error for job in jobs if job.error]
+        return f"compile failed: {failed[0]}" if failed else "compiling in the background"
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:

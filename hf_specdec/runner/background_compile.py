@@ -1,0 +1,134 @@
+"""Compiling the models off the critical path: a process starts on CUDA graphs of the models as they are and
+switches to compiled code once it is ready.
+
+Graphs alone start in seconds and already beat Hugging Face's compiled decoding; compile buys the last fifth
+of the step time for tens of seconds of tracing, Inductor code generation and autotuning with an empty cache.
+So by default (``SpecConfig(compile=None)``) the first call that wants compiled code starts a thread, and the
+calls made meanwhile run on graphs of the uncompiled models. The thread:
+
+1. on CUDA, has a separate process (``compile_worker.py``) compile a skeleton of the model (one layer of each
+   kind, the same shapes and dtypes, no weights) over every shape family the runner uses: the cold work
+   lands in torch's caches and the on-disk cache (``compile_cache.py``) without touching this process's GPU
+   stream, where a capture in progress would be invalidated by another thread's device-wide
+   synchronisation (autotuning benchmarks do that);
+2. then, holding ``graphs.CAPTURE_LOCK`` (no capture runs meanwhile), compiles the real model here
+   (``compiled_regions.compile_model``: Dynamo traces one layer, Inductor finds its code in the caches)
+   and runs it once per shape family on a scratch paged cache and a stream of its own.
+
+The first call after that captures its graphs over the compiled code (a capture, not a compilation).
+``SpecConfig(compile=True)`` waits for it instead, as ``hf_specdec.warmup`` does. A failure never reaches a
+call: it is kept, reported once as a warning, and the runner stays on graphs of the uncompiled models (the
+same output). Without the separate process (it failed, or no CUDA) step 2 does the whole compilation.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+import warnings
+from typing import Optional
+
+import torch
+from transformers import PreTrainedModel
+
+from ..cache import PagedKVCache, input_device, paged_attention_enabled
+from .compile_cache import CompileCache, cache_key
+from .compile_worker import compile_in_subprocess
+from .compiled_regions import compile_model
+from .graphs import CAPTURE_LOCK
+from .paged_model import PagedModel
+
+# (rows, tokens a row, last logits only): one token (static in torch: sizes 1 specialise), several tokens with
+# each row's last logits (a draft's first step: logits rows 1, or fewer than the tokens), several with every
+# token's (a verify), several rows
+SHAPES = ((1, 1, True), (1, 2, True), (2, 2, True), (1, 3, False), (2, 1, True), (3, 2, False))
+_SWITCH_INTERVAL = 0.0005  # seconds: while this thread traces, the caller's rounds wait for the GIL at most this
+# blocks per scratch row: a table as wide as the runner's (a multiple of 16), so the kernels around the compiled
+# regions meet the integer specialisations (Triton's divisibility by 16) of the real calls here, not in them
+_SCRATCH_BLOCKS = 16
+
+
+class BackgroundCompile:
+    """One model's compiled callable, made in a thread (``start``) or in the caller's (``wait``)."""
+
+    def __init__(self, model: PreTrainedModel, vocab_size: int, block_size: int, backend="inductor",
+                 disk: Optional[CompileCache] = None, prewarm: Optional[bool] = None, key: Optional[str] = None):
+        """``prewarm``: compile a skeleton in a separate process first (default: on CUDA, with Inductor)."""
+        self.model, self.vocab_size, self.block_size, self.backend = model, vocab_size, block_size, backend
+        self.disk = disk if disk is not None else CompileCache()
+        device = input_device(model)
+        self.prewarm = prewarm if prewarm is not None else (device.type == "cuda" and backend == "inductor")
+        self.key = key or cache_key([model], extra=("compile_regions", "dynamic", str(backend), SHAPES))
+        self.compiled = None
+        self.error: Optional[str] = None
+        self.prewarm_error: Optional[str] = None  # the separate process failed: this one compiled it all
+        self.seconds = 0.0  # the compilation's own wall time (in the thread: not the calls')
+        self._done = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._warned = False
+
+    def start(self) -> "BackgroundCompile":
+        if self._thread is None and not self._done.is_set():
+            self._thread = threading.Thread(target=self._run, name="hf_specdec-compile", daemon=True)
+            self._thread.start()
+        return self
+
+    def ready(self) -> bool:
+        """The compiled callable is there (False while compiling, and for good after a failure)."""
+        if self._done.is_set() and self.error is not None and not self._warned:
+            self._warned = True
+            warnings.warn(f"hf_specdec: compiling {type(self.model).__name__} failed ({self.error}); it runs on CUDA "
+                          "graphs of the uncompiled model (same output, a little slower). SpecConfig(compile=False) "
+                          "skips the attempt.", RuntimeWarning, stacklevel=3)
+        return self._done.is_set() and self.compiled is not None
+
+    def wait(self) -> bool:
+        """Compile now if nobody started to, else wait for the thread; then ``ready()``."""
+        if self._thread is None and not self._done.is_set():
+            self._run()
+        self._done.wait()
+        return self.ready()
+
+    def _run(self) -> None:
+        start = time.perf_counter()
+        try:
+            if self.prewarm:
+                self.prewarm_error = compile_in_subprocess(self.model, self.key, self.vocab_size, self.block_size)
+            interval = sys.getswitchinterval()
+            with CAPTURE_LOCK:
+                sys.setswitchinterval(min(interval, _SWITCH_INTERVAL))  # Dynamo's tracing holds the GIL for long
+                try:
+                    self.disk.load(self.key)
+                    compiled = compile_model(self.model, backend=self.backend)
+                    self._exercise(compiled)
+                finally:
+                    sys.setswitchinterval(interval)
+            self.disk.save(self.key)
+            self.compiled = compiled
+        except Exception as exc:  # kept for ready() to report: the calls go on without compiled code
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            self.error = f"{type(exc).__name__}: {' '.join(lines[:2])}"
+        finally:
+            self.seconds = time.perf_counter() - start
+            self._done.set()
+
+    @torch.no_grad()
+    def _exercise(self, compiled) -> None:
+        """Run ``compiled`` over each shape family the runner uses, on a scratch cache and a stream of its own."""
+        device = input_device(self.model)
+        rows = max(b for b, _, _ in SHAPES)
+        stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        with (torch.cuda.stream(stream) if stream else contextlib.nullcontext()), paged_attention_enabled(self.model):
+            cache = PagedKVCache(_SCRATCH_BLOCKS * rows, self.block_size, rows, _SCRATCH_BLOCKS * self.block_size,
+                                 device)
+            cache.add_sequences(rows)
+            tables = torch.arange(_SCRATCH_BLOCKS * rows, device=device, dtype=torch.int32).view(rows, -1)
+            scratch = PagedModel(self.model, cache, self.vocab_size, compiled)
+            for b, q, last_only in SHAPES:
+                positions = torch.arange(q, device=device).repeat(b)
+                ids = torch.full((b * q,), 3, dtype=torch.long, device=device)
+                lens = torch.full((b,), q, dtype=torch.long, device=device)
+                scratch.forward(ids, positions, tables[:b], lens, q, last_only)
+        if stream is not None:
+            stream.synchronize()

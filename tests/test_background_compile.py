@@ -1,0 +1,119 @@
+"""Compiling off the critical path (runner/background_compile.py), on CPU with ``aot_eager``.
+
+* The thread's compiled callable gives the model's own paged logits, for every shape family it exercised,
+  without compiling again when the caller then uses it.
+* A compilation that fails is kept, reported once as a warning, and never raised into a call.
+* While the thread runs paged forwards of a model, the caller's paged forwards of the same model keep the
+  paged implementation until the last one ends, and the user's own implementation comes back after both.
+"""
+import threading
+import warnings
+
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.backends.registry import lookup_backend
+
+from cache_models import build_model
+from hf_specdec.cache import PagedKVCache, paged_attention_enabled, paged_forward
+from hf_specdec.cache.attention import _paged_implementation
+from hf_specdec.runner.background_compile import BackgroundCompile
+from hf_specdec.runner.compile_cache import CompileCache
+
+
+class Recorder:
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return lookup_backend("aot_eager")(gm, example_inputs)
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@torch.no_grad()
+def test_compiled_in_a_thread_then_used_without_compiling_again(tmp_path):
+    model = build_model("llama_gqa", num_hidden_layers=3)
+    recorder = Recorder()
+    job = BackgroundCompile(model, 96, 4, backend=recorder, disk=CompileCache(tmp_path)).start()
+    assert job.wait() and job.error is None, job.error
+    made = recorder.graphs
+    assert made > 0
+    cache = PagedKVCache(64, 4, 4, 64, torch.device("cpu"))
+    rows = cache.add_sequences(3)
+    cache.reserve(rows, [24] * 3)
+    with paged_attention_enabled(model):
+        for b, q in ((1, 1), (3, 2), (2, 5)):
+            step = cache.batch(torch.tensor(rows[:b]), torch.tensor([6] * b), torch.tensor([q] * b), q, b * q)
+            ids = torch.randint(3, 90, (b * q,))
+            got = paged_forward(model, ids, step, torch.arange(b * q), call=job.compiled)
+            want = paged_forward(model, ids, step, torch.arange(b * q))
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert recorder.graphs == made, "the caller's shapes compiled again: the thread missed a shape family"
+
+
+def test_a_failed_compilation_is_reported_once_and_never_raised(tmp_path):
+    model = build_model("llama_gqa")
+
+    def broken(gm, example_inputs):
+        raise RuntimeError("no compiler here")
+
+    job = BackgroundCompile(model, 96, 4, backend=broken, disk=CompileCache(tmp_path)).start()
+    job._thread.join()
+    with pytest.warns(RuntimeWarning, match="compiling LlamaForCausalLM failed.*no compiler here"):
+        assert not job.ready()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not job.ready() and not job.wait()  # once only
+
+
+@torch.no_grad()
+def test_paged_forwards_of_two_threads_keep_the_implementation_until_the_last_ends():
+    model = build_model("llama_gqa", attn_implementation="sdpa")
+    inside, release = threading.Event(), threading.Event()
+
+    def other_thread():
+        with _paged_implementation(model):
+            inside.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=other_thread)
+    with paged_attention_enabled(model):
+        thread.start()
+        assert inside.wait(10)
+        with _paged_implementation(model):
+            assert model.config._attn_implementation == "hf_specdec_paged"
+        assert model.config._attn_implementation == "hf_specdec_paged", "the other thread's forward lost it"
+    assert model.config._attn_implementation == "hf_specdec_paged", "the block's exit took it from a live forward"
+    release.set()
+    thread.join()
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_the_workers_skeleton_has_one_layer_of_each_kind_in_the_models_dtypes():
+    from hf_specdec.runner.compile_worker import _tensors, skeleton
+
+    model = build_model("gemma2_softcap_sliding", num_hidden_layers=2)  # sliding, full
+    model.model.layers[0].mlp.to(torch.float64)  # a dtype the config does not say
+    spec = {"module": type(model).__module__, "class": type(model).__name__, "config": model.config.to_dict(),
+            "device": "cpu", "dtypes": {n: str(t.dtype).removeprefix("torch.") for n, t in _tensors(model)}}
+    small = skeleton(spec)
+    assert small.config.layer_types == ["sliding_attention", "full_attention"] and len(small.model.layers) == 2
+    assert small.model.layers[0].mlp.up_proj.weight.dtype == torch.float64
+    shapes = {n: t.shape for n, t in _tensors(model)}
+    assert all(shapes[n] == t.shape for n, t in _tensors(small)), "the skeleton's tensors differ in shape"
+
+
+def test_a_worker_that_fails_says_why():
+    from hf_specdec.runner.compile_worker import compile_in_subprocess
+
+    model = build_model("llama_gqa")
+    model.config.hidden_act = "no_such_activation"  # the worker cannot rebuild this model
+    error = compile_in_subprocess(model, "k" * 16, 96, 4)
+    assert error is not None and "no_such_activation" in error
