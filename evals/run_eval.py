@@ -195,9 +195,12 @@ def main(argv=None):
             return target.generate(input_ids=ids, attention_mask=mask, assistant_model=draft, **kw,
                                    num_assistant_tokens=args.k, num_assistant_tokens_schedule="constant",
                                    assistant_confidence_threshold=0.0)
-        spec = hf_specdec.SpecConfig(num_speculative_tokens=args.k, adaptive=False if args.fixed_k else None,
+        return target.generate(input_ids=ids, attention_mask=mask, assistant_model=draft, spec_config=spec_config(),
+                               **kw)
+
+    def spec_config():
+        return hf_specdec.SpecConfig(num_speculative_tokens=args.k, adaptive=False if args.fixed_k else None,
                                      draft_tp=args.draft_tp if args.tp else None)
-        return target.generate(input_ids=ids, attention_mask=mask, assistant_model=draft, spec_config=spec, **kw)
 
     def encode(texts):
         enc = tok(texts, return_tensors="pt", padding=True, truncation=True, max_length=args.max_prompt_tokens)
@@ -207,6 +210,10 @@ def main(argv=None):
     # --tp: every process runs every prompt (one sharded target); otherwise each runs its share
     with (contextlib.nullcontext(prompts) if args.tp else state.split_between_processes(prompts)) as shard:
         batches = [shard[i:i + args.batch_size] for i in range(0, len(shard), args.batch_size)]
+        if batches and "hf_specdec" in methods:  # compiled code and the graphs of every batch bucket, now
+            longest = max(encode([item["prompt"]])[0].shape[1] for item in shard)
+            hf_specdec.warmup(target, draft, spec_config(), batch_size=args.batch_size, prompt_length=longest,
+                              verbose=state.is_main_process, **kw)
         if batches:  # warm-up: one call per method
             run_batch(call, methods, batches[0], encode, tok, args, state, set())
         what = "" if args.tp or state.num_processes == 1 else f" (share of process 0 of {state.num_processes})"
