@@ -8,7 +8,8 @@ import os
 FIXED = [("method", None), ("b", None), ("first call s", "first_call_s"), ("steady call s", "steady_call_s"),
          ("new length s", "new_length_s"), ("ms/token", "ms_per_token"),
          ("2nd process first call s", "second_process_first_call_s"), ("warm-up s", "first_warmup_seconds"),
-         ("path", None)]
+         ("compiled after s", "compiled_after_s"), ("switch call s", "switch_call_s"),
+         ("compiled call s", "compiled_steady_call_s"), ("path", None)]
 JOB = [("method", None), ("b", None), ("prompts", "n_prompts"), ("job s", "job_s"), ("first call s", "first_call_s"),
        ("2nd process job s", "second_process_job_s"), ("job / hf", None), ("2nd job / hf", None),
        ("warm-up s", "first_warmup_seconds"), ("path", None)]
@@ -117,7 +118,8 @@ def summarize(row, cold, warm):
     row["fast_path"] = " | ".join(paths) if paths else None
     if row["method"] == "hf_compiled" and "compiled" in cold:
         row["fast_path"] = "hf static cache + compile" if cold["compiled"] else "hf static cache, eager (no compile)"
-    for key in ("compiled", "note", "load_s", "error"):
+    for key in ("compiled", "note", "load_s", "error", "compiled_after_s", "switch_call_s", "switch_warmup_s",
+                "compiled_steady_call_s"):
         if key in cold:
             row[key] = cold[key]
     if warm:
