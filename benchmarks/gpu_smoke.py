@@ -29,7 +29,7 @@ PATHS = {
     "eager": dict(bucketed=False),
     "graphs": dict(cuda_graphs=True, compile=False, adaptive=False),
     "compile": dict(cuda_graphs=True, compile=True, adaptive=False),
-    "adaptive": dict(cuda_graphs=True, compile=True),  # k chosen per round: 0..4 all captured per bucket
+    "adaptive": dict(cuda_graphs=True, compile=True),  # k chosen per round: 0 and 4 captured per bucket, others lazily
     "ngram": dict(cuda_graphs=True, compile=True, method="ngram"),
 }
 
