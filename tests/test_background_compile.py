@@ -12,29 +12,15 @@ import warnings
 import pytest
 import torch
 import torch._dynamo
-from torch._dynamo.backends.registry import lookup_backend
 
 from cache_models import build_model
+from compile_recorder import Recorder, fresh_dynamo  # noqa: F401  (an autouse fixture)
 from hf_specdec.cache import PagedKVCache, paged_attention_enabled, paged_forward
 from hf_specdec.cache.attention import _paged_implementation
 from hf_specdec.runner.background_compile import BackgroundCompile
 from hf_specdec.runner.compile_cache import CompileCache
 
 
-class Recorder:
-    def __init__(self):
-        self.graphs = 0
-
-    def __call__(self, gm, example_inputs):
-        self.graphs += 1
-        return lookup_backend("aot_eager")(gm, example_inputs)
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 @torch.no_grad()

@@ -11,30 +11,14 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
 import pytest
 import torch
 import torch._dynamo
-from torch._dynamo.backends.registry import lookup_backend
 
+from compile_recorder import Recorder, fresh_dynamo  # noqa: E402, F401  (an autouse fixture)
 from hf_specdec import kernels as K  # noqa: E402
 
 H, KVH, D, BS = 4, 2, 16, 4
 OPS = ("write_kv_to_slots", "paged_attention", "rejection_sample", "typical_accept")
 
 
-class Recorder:
-    """aot_eager backend that keeps the code of every graph dynamo compiles (one per compiled frame)."""
-
-    def __init__(self):
-        self.codes = []
-
-    def __call__(self, gm, example_inputs):
-        self.codes.append(gm.code)
-        return lookup_backend("aot_eager")(gm, example_inputs)
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 def _paged(gen, qlens, ctx_lens, num_layers=1):
