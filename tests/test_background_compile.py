@@ -103,3 +103,22 @@ def test_a_worker_that_fails_says_why():
     model.config.hidden_act = "no_such_activation"  # the worker cannot rebuild this model
     error = compile_in_subprocess(model, "k" * 16, 96, 4)
     assert error is not None and "no_such_activation" in error
+
+
+@torch.no_grad()
+def test_a_block_entered_while_another_threads_forward_runs_restores_the_users_implementation():
+    model = build_model("llama_gqa", attn_implementation="sdpa")
+    inside, release = threading.Event(), threading.Event()
+
+    def other_thread():
+        with _paged_implementation(model):
+            inside.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    assert inside.wait(10)
+    with paged_attention_enabled(model):  # entered while the other thread's forward holds the paged name
+        release.set()
+        thread.join()
+    assert model.config._attn_implementation == "sdpa"

@@ -168,7 +168,9 @@ def paged_attention_enabled(*models: PreTrainedModel) -> Iterator[None]:
     """
     for model in models:
         check_paged_support(model)
-    saved = [(model, [(c, c._attn_implementation_internal) for c in _attn_configs(model)]) for model in models]
+    with _switch_lock:  # a paged forward of another thread in flight: the user's implementation is the one it saved
+        saved = [(model, [(c, _saved_impl.get(id(c), c._attn_implementation_internal)) for c in _attn_configs(model)])
+                 for model in models]
     try:
         yield
     finally:

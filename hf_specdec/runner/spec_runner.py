@@ -44,6 +44,7 @@ class SpecRunner:
         self.prefills = FixedPrefill()  # fixed-shape prefill buffers and graphs (prefill.py)
         self.fixed_prefill = True
         self.compiling: dict[str, BackgroundCompile] = {}  # per model: its compiled code, made off the call's path
+        self.compile_asked = False  # this call wants compiled models
         self.warmup_seconds = 0.0
         self.draft_behind = 0  # tokens (rounds of k = 0, or whole rows) the draft model has not read yet
         self.draft_deferred = False  # this call's rows start without the draft model's prefill
@@ -75,6 +76,7 @@ class SpecRunner:
         longest = max(budgets + ([self._max_positions()] if graphs else []))
         uses_draft = k > 0 and spec.method == "draft"
         models = {"target": self.target, "draft": self.draft} if uses_draft else {"target": self.target}
+        self.compile_asked = compile
         compiled = compile and self._compiled_ready(models, vocab, block_size, compile_wait)
         key = RunnerKey(k, spec.do_sample, spec.acceptance, spec.method, spec.ngram_sizes, logits_signature,
                         spec.generator, graphs, compiled, block_size, pool_blocks,
@@ -356,7 +358,7 @@ class SpecRunner:
     def compile_status(self) -> Optional[str]:
         """Why this call runs without the compiled code it asked for (None when it has it or did not ask)."""
         jobs = [job for name, job in self.compiling.items() if name in self.models]
-        if self.key.compile or not jobs:
+        if self.key.compile or not self.compile_asked or not jobs:
             return None
         failed = [job.error for job in jobs if job.error]
         return f"compile failed: {failed[0]}" if failed else "compiling in the background"
