@@ -44,18 +44,20 @@ from .paged_model import PagedModel
 # token's (a verify), several rows
 SHAPES = ((1, 1, True), (1, 2, True), (2, 2, True), (1, 3, False), (2, 1, True), (3, 2, False))
 _SWITCH_INTERVAL = 0.0005  # seconds: while this thread traces, the caller's rounds wait for the GIL at most this
-# blocks per scratch row: a table as wide as the runner's (a multiple of 16), so the kernels around the compiled
-# regions meet the integer specialisations (Triton's divisibility by 16) of the real calls here, not in them
-_SCRATCH_BLOCKS = 16
+_SCRATCH_BLOCKS = 4  # blocks of its own per scratch row (its table is as wide as the runner's, the rest block 0)
 
 
 class BackgroundCompile:
     """One model's compiled callable, made in a thread (``start``) or in the caller's (``wait``)."""
 
     def __init__(self, model: PreTrainedModel, vocab_size: int, block_size: int, backend="inductor",
-                 disk: Optional[CompileCache] = None, prewarm: Optional[bool] = None, key: Optional[str] = None):
-        """``prewarm``: compile a skeleton in a separate process first (default: on CUDA, with Inductor)."""
+                 disk: Optional[CompileCache] = None, prewarm: Optional[bool] = None, key: Optional[str] = None,
+                 table_width: int = 16):
+        """``prewarm``: compile a skeleton in a separate process first (default: on CUDA, with Inductor).
+        ``table_width``: the runner's block tables' width: the kernels around the compiled regions then meet the
+        real calls' shapes (their split-KV choice, Triton's integer specialisations) here, and JIT-compile here."""
         self.model, self.vocab_size, self.block_size, self.backend = model, vocab_size, block_size, backend
+        self.table_width = table_width
         self.disk = disk if disk is not None else CompileCache()
         device = input_device(model)
         self.prewarm = prewarm if prewarm is not None else (device.type == "cuda" and backend == "inductor")
@@ -94,7 +96,8 @@ class BackgroundCompile:
         start = time.perf_counter()
         try:
             if self.prewarm:
-                self.prewarm_error = compile_in_subprocess(self.model, self.key, self.vocab_size, self.block_size)
+                self.prewarm_error = compile_in_subprocess(self.model, self.key, self.vocab_size, self.block_size,
+                                                           self.table_width)
             interval = sys.getswitchinterval()
             with CAPTURE_LOCK:
                 sys.setswitchinterval(min(interval, _SWITCH_INTERVAL))  # Dynamo's tracing holds the GIL for long
@@ -120,10 +123,11 @@ class BackgroundCompile:
         rows = max(b for b, _, _ in SHAPES)
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         with (torch.cuda.stream(stream) if stream else contextlib.nullcontext()), paged_attention_enabled(self.model):
-            cache = PagedKVCache(_SCRATCH_BLOCKS * rows, self.block_size, rows, _SCRATCH_BLOCKS * self.block_size,
+            cache = PagedKVCache(_SCRATCH_BLOCKS * rows, self.block_size, rows, self.table_width * self.block_size,
                                  device)
             cache.add_sequences(rows)
-            tables = torch.arange(_SCRATCH_BLOCKS * rows, device=device, dtype=torch.int32).view(rows, -1)
+            tables = torch.zeros(rows, max(self.table_width, _SCRATCH_BLOCKS), device=device, dtype=torch.int32)
+            tables[:, :_SCRATCH_BLOCKS] = torch.arange(_SCRATCH_BLOCKS * rows, device=device).view(rows, -1)
             scratch = PagedModel(self.model, cache, self.vocab_size, compiled)
             for b, q, last_only in SHAPES:
                 positions = torch.arange(q, device=device).repeat(b)

@@ -22,11 +22,13 @@ from transformers import PreTrainedModel
 _TIMEOUT_S = 1200
 
 
-def compile_in_subprocess(model: PreTrainedModel, key: str, vocab_size: int, block_size: int) -> Optional[str]:
+def compile_in_subprocess(model: PreTrainedModel, key: str, vocab_size: int, block_size: int,
+                          table_width: int = 16) -> Optional[str]:
     """Run the worker for ``model``; None when it succeeded, else what went wrong (the caller compiles it all)."""
     spec = {"class": type(model).__name__, "module": type(model).__module__, "config": model.config.to_dict(),
             "dtypes": {name: str(t.dtype).removeprefix("torch.") for name, t in _tensors(model)},
-            "device": str(next(model.parameters()).device), "key": key, "vocab": vocab_size, "block": block_size}
+            "device": str(next(model.parameters()).device), "key": key, "vocab": vocab_size, "block": block_size,
+            "table_width": table_width}
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
@@ -76,7 +78,8 @@ def main(argv: list[str]) -> int:
 
     with open(argv[0]) as fh:
         spec = json.load(fh)
-    job = BackgroundCompile(skeleton(spec), spec["vocab"], spec["block"], prewarm=False, key=spec["key"])
+    job = BackgroundCompile(skeleton(spec), spec["vocab"], spec["block"], prewarm=False, key=spec["key"],
+                            table_width=spec["table_width"])
     if not job.wait():
         print(f"compiling the skeleton failed: {job.error}", file=sys.stderr)
         return 1

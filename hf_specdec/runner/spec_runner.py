@@ -76,12 +76,12 @@ class SpecRunner:
         longest = max(budgets + ([self._max_positions()] if graphs else []))
         uses_draft = k > 0 and spec.method == "draft"
         models = {"target": self.target, "draft": self.draft} if uses_draft else {"target": self.target}
+        table_width = max(capacity(blocks_for(longest, block_size), 8), self.key.table_width if self.key else 0)
         self.compile_asked = compile
-        compiled = compile and self._compiled_ready(models, vocab, block_size, compile_wait)
+        compiled = compile and self._compiled_ready(models, vocab, block_size, table_width, compile_wait)
         key = RunnerKey(k, spec.do_sample, spec.acceptance, spec.method, spec.ngram_sizes, logits_signature,
                         spec.generator, graphs, compiled, block_size, pool_blocks,
-                        max(capacity(batch.tokens.shape[1], 64), self.key.width if self.key else 0),
-                        max(capacity(blocks_for(longest, block_size), 8), self.key.table_width if self.key else 0),
+                        max(capacity(batch.tokens.shape[1], 64), self.key.width if self.key else 0), table_width,
                         vocab)
         if key != self.key:
             if self.key is not None and (key.block_size, key.pool_blocks) != (self.key.block_size,
@@ -340,14 +340,14 @@ class SpecRunner:
                    for name, pm in self.models.items()}
         s.clear_padding(live, scratch["target"], scratch.get("draft", scratch["target"]))
 
-    def _compiled_ready(self, models: dict, vocab: int, block_size: int, wait: bool) -> bool:
+    def _compiled_ready(self, models: dict, vocab: int, block_size: int, table_width: int, wait: bool) -> bool:
         """Every model of this call has its compiled code: started in the background the first time (or made
         now, ``wait``; that time counts as warm-up)."""
         ready = True
         for name, model in models.items():
             job = self.compiling.get(name)
             if job is None:
-                job = self.compiling[name] = BackgroundCompile(model, vocab, block_size)
+                job = self.compiling[name] = BackgroundCompile(model, vocab, block_size, table_width=table_width)
             if wait:
                 start = time.perf_counter()
                 job.wait()
