@@ -355,6 +355,12 @@ class SpecRunner:
             ready = job.start().ready() and ready
         return ready
 
+    def wait_compiled(self) -> Optional[bool]:
+        """Wait for every model's compilation that a call started: True when all are ready, False when one failed,
+        None when no call asked for compiled code."""
+        jobs = list(self.compiling.values())
+        return all([job.wait() for job in jobs]) if jobs else None
+
     def compile_status(self) -> Optional[str]:
         """Why this call runs without the compiled code it asked for (None when it has it or did not ask)."""
         jobs = [job for name, job in self.compiling.items() if name in self.models]
