@@ -98,6 +98,10 @@ class BackgroundCompile:
             if self.prewarm:
                 self.prewarm_error = compile_in_subprocess(self.model, self.key, self.vocab_size, self.block_size,
                                                            self.table_width)
+                if self.prewarm_error:
+                    warnings.warn(f"hf_specdec: compiling {type(self.model).__name__} in a separate process failed "
+                                  f"({self.prewarm_error}); it compiles in this one instead, and a call that needs a "
+                                  "new CUDA graph meanwhile waits for it.", RuntimeWarning, stacklevel=2)
             interval = sys.getswitchinterval()
             with CAPTURE_LOCK:
                 sys.setswitchinterval(min(interval, _SWITCH_INTERVAL))  # Dynamo's tracing holds the GIL for long
