@@ -59,26 +59,35 @@ def test_a_failed_compilation_is_reported_once_and_never_raised(tmp_path):
         assert not job.ready() and not job.wait()  # once only
 
 
-@torch.no_grad()
-def test_paged_forwards_of_two_threads_keep_the_implementation_until_the_last_ends():
-    model = build_model("llama_gqa", attn_implementation="sdpa")
+def _paged_forward_in_another_thread(model):
+    """Returns once another thread is inside a paged forward of ``model``; calling the result lets it end."""
     inside, release = threading.Event(), threading.Event()
 
-    def other_thread():
+    def hold():
         with _paged_implementation(model):
             inside.set()
             release.wait(10)
 
-    thread = threading.Thread(target=other_thread)
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert inside.wait(10)
+
+    def finish():
+        release.set()
+        thread.join()
+    return finish
+
+
+@torch.no_grad()
+def test_paged_forwards_of_two_threads_keep_the_implementation_until_the_last_ends():
+    model = build_model("llama_gqa", attn_implementation="sdpa")
     with paged_attention_enabled(model):
-        thread.start()
-        assert inside.wait(10)
+        finish = _paged_forward_in_another_thread(model)
         with _paged_implementation(model):
             assert model.config._attn_implementation == "hf_specdec_paged"
         assert model.config._attn_implementation == "hf_specdec_paged", "the other thread's forward lost it"
     assert model.config._attn_implementation == "hf_specdec_paged", "the block's exit took it from a live forward"
-    release.set()
-    thread.join()
+    finish()
     assert model.config._attn_implementation == "sdpa"
 
 
@@ -108,17 +117,7 @@ def test_a_worker_that_fails_says_why():
 @torch.no_grad()
 def test_a_block_entered_while_another_threads_forward_runs_restores_the_users_implementation():
     model = build_model("llama_gqa", attn_implementation="sdpa")
-    inside, release = threading.Event(), threading.Event()
-
-    def other_thread():
-        with _paged_implementation(model):
-            inside.set()
-            release.wait(10)
-
-    thread = threading.Thread(target=other_thread)
-    thread.start()
-    assert inside.wait(10)
+    finish = _paged_forward_in_another_thread(model)
     with paged_attention_enabled(model):  # entered while the other thread's forward holds the paged name
-        release.set()
-        thread.join()
+        finish()
     assert model.config._attn_implementation == "sdpa"
