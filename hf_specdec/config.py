@@ -48,8 +48,9 @@ class SpecConfig:
     compile: torch.compile the models (one compiled decoder layer serves all layers; the compiled code is
         kept on disk under $HF_SPECDEC_CACHE, default $HF_HOME/hf_specdec; HF_SPECDEC_DISABLE_CACHE=1
         keeps it in memory only). None: on where CUDA graphs run, compiled in the background: calls
-        run on graphs of the models as they are until the compiled code is ready (seconds), then
-        switch (``spec_metrics.fast_path`` says which ran). True: the first call waits for it
+        run on graphs of the models as they are until the compiled code is ready (40-60 s in for
+        8B/1B shapes on an H200, from an empty cache), then switch (``spec_metrics.fast_path`` says
+        which ran). True: the first call waits for it
         (``hf_specdec.warmup`` also does). True without CUDA graphs raises.
     draft_tp: with a tensor-parallel target (``tp_plan="auto"``), the number of ranks the draft is
         split over: 1 = a replicated draft (an ordinary model on each rank's GPU), N = loaded with
