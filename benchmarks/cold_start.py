@@ -170,9 +170,9 @@ def child_main(spec_path):
         first = call("first", *prompts(torch, target, b, P, spec["shapes"], device))
         if spec["role"] == "cold":
             call("steady", *prompts(torch, target, b, P, spec["shapes"], device))
-            call("new_length", *prompts(torch, target, b, P + spec["length_delta"], spec["shapes"], device))
-            until_compiled(spec, res, first, lambda name: call(name, *prompts(torch, target, b, P, spec["shapes"],
-                                                                              device)))
+            last = call("new_length", *prompts(torch, target, b, P + spec["length_delta"], spec["shapes"], device))
+            until_compiled(spec, res, first, last, lambda name: call(name, *prompts(torch, target, b, P,
+                                                                                    spec["shapes"], device)))
     res["done"] = True
     save()
     sys.stdout.flush()
@@ -180,22 +180,21 @@ def child_main(spec_path):
     os._exit(0)  # skip the teardown (CUDA context, compile workers): it is no part of a measurement
 
 
-def until_compiled(spec, res, first, call):
+def until_compiled(spec, res, first, last, call):
     """Compiled in the background (fast_path "graphs (compiling in the background)"): the same call again until
     the compiled code is in use (at most --until-compiled-s after the first call began), then once more.
     ``compiled_after_s``: from the first call's start to the start of the first call on compiled code."""
     waited = 0
-    while "background" in (res["calls"][list(res["calls"])[-1]].get("fast_path") or ""):
+    while "background" in (last.get("fast_path") or ""):
         if time.perf_counter() - first["t0"] > spec["until_compiled_s"]:
             res["compiled_after_s"] = None
             return
         time.sleep(1.0)
         waited += 1
-        call(f"waiting_{waited}")
+        last = call(f"waiting_{waited}")
     if waited:
-        switch = res["calls"][f"waiting_{waited}"]
-        res["compiled_after_s"] = switch["t0"] - first["t0"]
-        res["switch_call_s"], res["switch_warmup_s"] = switch["s"], switch["warmup_seconds"]
+        res["compiled_after_s"] = last["t0"] - first["t0"]
+        res["switch_call_s"], res["switch_warmup_s"] = last["s"], last["warmup_seconds"]
         res["compiled_steady_call_s"] = call("compiled_steady")["s"]
 
 
