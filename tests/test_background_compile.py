@@ -1,7 +1,8 @@
 """Compiling off the critical path (runner/background_compile.py), on CPU with ``aot_eager``.
 
 * The thread's compiled callable gives the model's own paged logits, for every shape family it exercised,
-  without compiling again when the caller then uses it.
+  without compiling again when the caller then uses it; real calls (draft steps, verifies of several k, batch
+  buckets, sampling) after it compile nothing more.
 * A compilation that fails is kept, reported once as a warning, and never raised into a call.
 * While the thread runs paged forwards of a model, the caller's paged forwards of the same model keep the
   paged implementation until the last one ends, and the user's own implementation comes back after both.
@@ -121,3 +122,58 @@ def test_a_block_entered_while_another_threads_forward_runs_restores_the_users_i
     with paged_attention_enabled(model):  # entered while the other thread's forward holds the paged name
         finish()
     assert model.config._attn_implementation == "sdpa"
+
+
+@torch.no_grad()
+def test_the_runners_rounds_reuse_what_the_thread_compiled(monkeypatch, tmp_path):
+    """Real calls (draft steps, verifies of several k, batch buckets, greedy and sampled) after the compilation
+    finished compile nothing more: the thread's exercise met every way the rounds lay out a model's inputs. On an
+    H200 a missed layout made the call that switched to compiled code recompile 8 graphs (3.6 s). The output stays
+    the target's own."""
+    import hf_specdec
+    import hf_specdec.generate as generate_module
+    from hf_specdec.runner import background_compile, runner_for
+
+    recorder = Recorder()
+
+    class Recorded(BackgroundCompile):
+        def __init__(self, model, vocab_size, block_size, **kwargs):
+            super().__init__(model, vocab_size, block_size, backend=recorder, disk=CompileCache(tmp_path),
+                             prewarm=False, table_width=kwargs.get("table_width", 16))
+
+        def start(self):  # in the caller's thread: Triton's interpreter (CI's kernels) is not thread-safe
+            self.wait()
+            return self
+
+    choose = generate_module.choose_path
+
+    def compiled_on_cpu(*args, **kwargs):  # the runner without graphs, running the compiled models
+        path = choose(*args, **kwargs)
+        path.compile = path.bucketed
+        return path
+
+    monkeypatch.setattr(background_compile, "BackgroundCompile", Recorded)
+    monkeypatch.setattr(generate_module, "choose_path", compiled_on_cpu)
+    target = hf_specdec.enable(build_model("llama_gqa", num_hidden_layers=2))
+    draft = build_model("llama_gqa", seed=1, num_hidden_layers=1)
+
+    def call(batch, spec, do_sample=False):
+        ids = torch.randint(3, 90, (batch, 11), generator=torch.Generator().manual_seed(batch))
+        kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, eos_token_id=None,
+                  pad_token_id=0, do_sample=do_sample)
+        out = target.generate(**kw, assistant_model=draft, spec_config=spec, return_dict_in_generate=True)
+        if not do_sample:
+            assert torch.equal(out.sequences, target.generate(**kw)), (batch, spec)
+        return out.spec_metrics.fast_path
+
+    call(1, hf_specdec.SpecConfig(num_speculative_tokens=4, bucketed=True))
+    assert runner_for(target, draft).wait_compiled()
+    made = recorder.graphs
+    assert made > 0
+    for batch, spec, do_sample in ((1, hf_specdec.SpecConfig(num_speculative_tokens=4, bucketed=True), False),
+                                   (1, hf_specdec.SpecConfig(num_speculative_tokens=1, bucketed=True), False),
+                                   (3, hf_specdec.SpecConfig(num_speculative_tokens=3, bucketed=True), False),
+                                   (2, hf_specdec.SpecConfig(num_speculative_tokens=2, bucketed=True), True),
+                                   (1, hf_specdec.SpecConfig(num_speculative_tokens=0, bucketed=True), False)):
+        assert call(batch, spec, do_sample) == "bucketed", "the call did not run the compiled models"
+        assert recorder.graphs == made, f"b={batch} {spec.num_speculative_tokens=} compiled again: a layout missed"

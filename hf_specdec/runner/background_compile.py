@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from typing import Optional
 
 import torch
@@ -39,12 +40,28 @@ from .compiled_regions import compile_model
 from .graphs import CAPTURE_LOCK
 from .paged_model import PagedModel
 
-# (rows, tokens a row, last logits only): one token (static in torch: sizes 1 specialise), several tokens with
-# each row's last logits (a draft's first step: logits rows 1, or fewer than the tokens), several with every
-# token's (a verify), several rows
-SHAPES = ((1, 1, True), (1, 2, True), (2, 2, True), (1, 3, False), (2, 1, True), (3, 2, False))
+# (rows, tokens a row, last logits only, layout) as the runner's rounds call a model (runner/fixed_round.py): the
+# token ids and positions are views of (rows, tokens) tables ("table": a verify, a draft's first step, a catch-up
+# window) or one fresh value per row ("rows": a draft's later steps). Dynamo guards on a view's base too, whose
+# first size is the row count (1 specialises), so each layout is exercised at 1 row and at several.
+SHAPES = ((1, 1, True, "rows"), (2, 1, True, "rows"), (1, 1, False, "table"), (2, 1, False, "table"),
+          (1, 2, True, "table"), (2, 2, True, "table"), (1, 3, False, "table"), (3, 2, False, "table"))
 _SWITCH_INTERVAL = 0.0005  # seconds: while this thread traces, the caller's rounds wait for the GIL at most this
 _SCRATCH_BLOCKS = 4  # blocks of its own per scratch row (its table is as wide as the runner's, the rest block 0)
+
+
+_JOBS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {(vocab, block size): job}
+
+
+def compile_job(model: PreTrainedModel, vocab_size: int, block_size: int, table_width: int) -> "BackgroundCompile":
+    """The process's one compilation of ``model``: every runner that uses it (with a draft, alone at k = 0, beside
+    another draft) shares the compiled code instead of compiling it again. Not started yet when new."""
+    jobs = _JOBS.setdefault(model, {})
+    job = jobs.get((vocab_size, block_size))
+    if job is None:
+        job = jobs[(vocab_size, block_size)] = BackgroundCompile(model, vocab_size, block_size,
+                                                                 table_width=table_width)
+    return job
 
 
 class BackgroundCompile:
@@ -124,7 +141,7 @@ class BackgroundCompile:
     def _exercise(self, compiled) -> None:
         """Run ``compiled`` over each shape family the runner uses, on a scratch cache and a stream of its own."""
         device = input_device(self.model)
-        rows = max(b for b, _, _ in SHAPES)
+        rows = max(shape[0] for shape in SHAPES)
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         with (torch.cuda.stream(stream) if stream else contextlib.nullcontext()), paged_attention_enabled(self.model):
             cache = PagedKVCache(_SCRATCH_BLOCKS * rows, self.block_size, rows, self.table_width * self.block_size,
@@ -133,9 +150,13 @@ class BackgroundCompile:
             tables = torch.zeros(rows, max(self.table_width, _SCRATCH_BLOCKS), device=device, dtype=torch.int32)
             tables[:, :_SCRATCH_BLOCKS] = torch.arange(_SCRATCH_BLOCKS * rows, device=device).view(rows, -1)
             scratch = PagedModel(self.model, cache, self.vocab_size, compiled)
-            for b, q, last_only in SHAPES:
-                positions = torch.arange(q, device=device).repeat(b)
-                ids = torch.full((b * q,), 3, dtype=torch.long, device=device)
+            for b, q, last_only, layout in SHAPES:
+                if layout == "rows":
+                    ids = torch.full((b,), 3, dtype=torch.long, device=device)
+                    positions = torch.zeros(b, dtype=torch.long, device=device)
+                else:
+                    ids = torch.full((b, q), 3, dtype=torch.long, device=device).view(-1)
+                    positions = torch.arange(q, device=device).repeat(b, 1).view(-1)
                 lens = torch.full((b,), q, dtype=torch.long, device=device)
                 scratch.forward(ids, positions, tables[:b], lens, q, last_only)
         if stream is not None:

@@ -23,7 +23,7 @@ from transformers import PreTrainedModel
 
 from ..cache import PagedKVCache, blocks_for, input_device, paged_forward
 from .bucket_state import MAX_EOS_IDS, BucketState, bucket_for
-from .background_compile import BackgroundCompile
+from .background_compile import BackgroundCompile, compile_job
 from .fixed_round import RoundSpec, catch_up_draft, propose, propose_ngram, verify_and_commit
 from .graphs import StageGraph
 from .paged_model import PagedModel
@@ -347,7 +347,7 @@ class SpecRunner:
         for name, model in models.items():
             job = self.compiling.get(name)
             if job is None:
-                job = self.compiling[name] = BackgroundCompile(model, vocab, block_size, table_width=table_width)
+                job = self.compiling[name] = compile_job(model, vocab, block_size, table_width)
             if wait:
                 start = time.perf_counter()
                 job.wait()
