@@ -99,8 +99,19 @@ def _check_draft_embeds_target_ids(target: PreTrainedModel, draft: PreTrainedMod
         )
 
 
+def check_input_ids(input_ids: torch.Tensor) -> None:
+    """Token ids, at least one sequence: what plain ``generate()`` fails on deep inside a model, refused by name."""
+    if input_ids.dim() != 2 or input_ids.shape[0] == 0:
+        raise ValueError(f"input_ids must hold at least one sequence, as a (batch, length) tensor; got shape "
+                         f"{tuple(input_ids.shape)}. Call generate() only with a non-empty batch.")
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise ValueError(f"input_ids must be integer token ids; got dtype {input_ids.dtype}. Pass the tokenizer's "
+                         "ids (a LongTensor), e.g. input_ids.long() if they were converted by mistake.")
+
+
 def check_request(model, draft_model, input_ids, generation_config: GenerationConfig, spec_config: SpecConfig,
                   model_kwargs: dict, streamer) -> Request:
+    check_input_ids(input_ids)
     check_draft_model(draft_model)
     if spec_config.method == "ngram" and draft_model is not None:
         raise ValueError("SpecConfig(method='ngram') proposes from the prompt and output, not from a draft model; "

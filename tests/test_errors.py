@@ -138,3 +138,20 @@ def test_tokenizer_pairs_must_share_one_vocabulary(target):
     same = run(target, make_draft(target, "full"), tokenizer=_tokenizer(words), assistant_tokenizer=_tokenizer(words),
                do_sample=False)
     assert torch.equal(same, target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=8))
+
+
+@pytest.mark.parametrize("k", [3, 0])
+def test_an_empty_batch_is_refused_by_name(target, k):
+    draft = make_draft(target, "mix") if k else None
+    ids = torch.zeros(0, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"at least one sequence.*shape \(0, 5\)"):
+        target.generate(input_ids=ids, assistant_model=draft, max_new_tokens=4,
+                        spec_config=hf_specdec.SpecConfig(num_speculative_tokens=k))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.bool])
+def test_input_ids_that_are_not_integers_are_refused_by_name(target, dtype):
+    ids, mask = left_padded_prompts(2, seed=0)
+    with pytest.raises(ValueError, match=f"integer token ids; got dtype {dtype}"):
+        target.generate(input_ids=ids.to(dtype), attention_mask=mask, assistant_model=make_draft(target, "mix"),
+                        max_new_tokens=4, spec_config=hf_specdec.SpecConfig(num_speculative_tokens=3))
