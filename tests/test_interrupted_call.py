@@ -1,0 +1,91 @@
+"""A call interrupted anywhere (an exception or KeyboardInterrupt in prefill, a draft step, a verify, the eager path's
+rounds) leaves the model usable: the next call's output equals an uninterrupted call's, the user's attention
+implementation is back, and the paged caches hold no block of the dead call. CPU, runner without graphs and eager
+path."""
+import pytest
+import torch
+
+import hf_specdec
+import hf_specdec.runner.fixed_round as fixed_round
+import hf_specdec.runner.spec_runner as spec_runner
+from hf_specdec.runner import runner_for
+from models import left_padded_prompts, make_draft, make_model
+
+STAGES = {  # (module, function) the fault is injected into, on its n-th call
+    "prefill": (spec_runner, "FixedPrefill.run"),
+    "draft step": (spec_runner, "propose"),
+    "verify": (spec_runner, "verify_and_commit"),
+}
+
+
+def _call(target, draft, spec, batch=3, seed=0):
+    ids, mask = left_padded_prompts(batch, seed=seed)
+    return target.generate(input_ids=ids, attention_mask=mask, assistant_model=draft, max_new_tokens=12,
+                           do_sample=False, eos_token_id=None, pad_token_id=0, spec_config=spec)
+
+
+def _inject(monkeypatch, module, name, error, after: int):
+    owner, _, attr = name.rpartition(".")
+    holder = getattr(module, owner) if owner else module
+    real = getattr(holder, attr)
+    calls = {"n": 0}
+
+    def failing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > after:
+            raise error
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(holder, attr, failing)
+    return calls
+
+
+@pytest.mark.parametrize("error", [RuntimeError("injected"), KeyboardInterrupt()], ids=["exception", "interrupt"])
+@pytest.mark.parametrize("stage", list(STAGES))
+def test_the_runner_after_an_interrupted_call(stage, error):
+    target = hf_specdec.enable(make_model("llama", seed=0))
+    draft = make_draft(target, "mix")
+    spec = hf_specdec.SpecConfig(num_speculative_tokens=3, bucketed=True, adaptive=False)
+    want = _call(target, draft, spec)
+    free = _free_blocks(target, draft)
+    implementation = target.config._attn_implementation
+    module, name = STAGES[stage]
+    with pytest.MonkeyPatch.context() as patch:
+        calls = _inject(patch, module, name, error, after=1 if stage != "prefill" else 0)
+        with pytest.raises(type(error)):
+            _call(target, draft, spec, seed=0)
+        assert calls["n"] > 0
+    assert target.config._attn_implementation == implementation
+    assert torch.equal(_call(target, draft, spec), want)
+    assert _free_blocks(target, draft) == free, "the caches hold blocks of the interrupted call"
+    fresh = hf_specdec.enable(make_model("llama", seed=0))
+    assert torch.equal(_call(target, draft, spec, batch=5, seed=1),
+                       _call(fresh, make_draft(fresh, "mix"), spec, batch=5, seed=1))
+
+
+def _free_blocks(target, draft) -> dict:
+    return {name: cache.allocator.num_free_blocks for name, cache in runner_for(target, draft).caches.items()}
+
+
+@pytest.mark.parametrize("error", [RuntimeError("injected"), KeyboardInterrupt()], ids=["exception", "interrupt"])
+def test_the_eager_path_after_an_interrupted_call(error, monkeypatch):
+    target = hf_specdec.enable(make_model("llama", seed=0))
+    draft = make_draft(target, "mix")
+    spec = hf_specdec.SpecConfig(num_speculative_tokens=3)
+    want = _call(target, draft, spec)
+    implementation = target.config._attn_implementation
+    real = draft.forward
+    calls = {"n": 0}
+
+    def failing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > 2:
+            raise error
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(draft, "forward", failing)
+    with pytest.raises(type(error)):
+        _call(target, draft, spec)
+    monkeypatch.undo()
+    assert target.config._attn_implementation == implementation
+    assert torch.equal(_call(target, draft, spec), want)
