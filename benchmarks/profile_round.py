@@ -26,10 +26,9 @@ def model(hidden, layers, inter, heads, kv):
     return LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
 
 
-def kernel_table(runner, bucket, rounds=20, top=14):
-    """Kernel time per round inside the captured propose + verify graphs, grouped by kernel name."""
-    graphs = [runner.graphs[(name, bucket)] for name in ("propose", "verify") if (name, bucket) in runner.graphs]
-    runner.states[bucket].done.fill_(True)
+def kernel_table(pieces: dict, rounds=20, top=14):
+    """Kernel time per round inside the propose + verify-and-commit graphs time_stages captured, by kernel name."""
+    graphs = [pieces[name][0] for name in ("propose", "verify_and_commit") if name in pieces]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(rounds):
             for g in graphs:
@@ -77,12 +76,13 @@ def main():
               f"{m.num_rounds} rounds, prefill {m.prefill_seconds * 1000:.1f} ms, warm-up {m.warmup_seconds:.2f}s")
         runner = runner_for(target, draft)
         bucket = bucket_for(b)
-        costs = time_stages(runner, bucket)
+        pieces = {}
+        costs = time_stages(runner, bucket, pieces_out=pieces)
         print("  " + "  ".join(f"{k} {v:.3f}" for k, v in costs.items()) + "  (ms)")
         forwards = args.k * costs["draft_step"] + costs["draft_first_step"] - costs["draft_step"] + costs["verify_forward"]
         print(f"  forwards {forwards:.3f} ms of a {costs['round']:.3f} ms round: outside {1 - forwards / costs['round']:.1%};"
               f" propose / (k x draft_step) = {costs['propose'] / (args.k * costs['draft_step']):.2f}")
-        kernel_table(runner, bucket)
+        kernel_table(pieces)
 
 
 if __name__ == "__main__":

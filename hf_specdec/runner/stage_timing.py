@@ -10,7 +10,8 @@ length: the shapes, and so the costs, are those of live rows.
 from __future__ import annotations
 
 import statistics
-from typing import Callable
+import time
+from typing import Callable, Optional
 
 import torch
 
@@ -19,24 +20,33 @@ from .graphs import StageGraph
 from .spec_runner import SpecRunner
 
 
-def _time(fn: Callable[[], None], repeats: int) -> float:
-    """Median milliseconds of one call of ``fn`` (a graph replay or eager code)."""
+def median_ms(fn: Callable[[], None], repeats: int, device: torch.device) -> float:
+    """Median milliseconds of one call of ``fn`` (a graph replay or eager code) after 3 warm-up calls: between
+    CUDA events on a GPU, else by the host clock."""
     for _ in range(3):
         fn()
     times = []
     for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            began = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - began) * 1e3)
     return statistics.median(times)
 
 
 @torch.no_grad()  # as in generate(): a forward with autograd on would compile another graph
-def time_stages(runner: SpecRunner, bucket: int, repeats: int = 50) -> dict[str, float]:
-    """Milliseconds per piece at ``bucket`` rows (a bucket the runner has used)."""
+def time_stages(runner: SpecRunner, bucket: int, repeats: int = 50,
+                pieces_out: Optional[dict] = None) -> dict[str, float]:
+    """Milliseconds per piece at ``bucket`` rows (a bucket the runner has used). ``pieces_out``: receives each
+    piece by name as (what was timed: its graph or the eager stage, the eager stage), for a caller that profiles
+    them further."""
     s = runner.states[bucket]
     s.done.fill_(True)
     spec, k = runner.spec, runner.spec.k
@@ -62,6 +72,8 @@ def time_stages(runner: SpecRunner, bucket: int, repeats: int = 50) -> dict[str,
     out = {}
     for name, fn in pieces.items():
         run = StageGraph(fn, s.tensors()) if runner.key.graphs else fn
-        out[name] = _time(run, repeats)
+        out[name] = median_ms(run, repeats, device)
+        if pieces_out is not None:
+            pieces_out[name] = (run, fn)
     out["round"] = out["verify_and_commit"] + out.get("propose", 0.0)
     return out
