@@ -5,6 +5,11 @@ Layout (``docs/kernels.md``): sequence ``b`` owns drafts ``cu[b-1]:cu[b]`` and t
 ``cu[b-1]+b : cu[b]+b+1``; the output row holds the accepted drafts, the emitted token at the
 accepted count, then ``-1``. Argmaxes are lane-wise running (max, index) pairs reduced once after
 the loop; ties go to the smallest token id, as ``torch.argmax``.
+
+Compiled variants: the kernels take the batch size, ``max_spec_len``, the output stride (k + 1)
+and the split count as runtime ints (``do_not_specialize``: Triton would otherwise compile apart
+values equal to 1 or divisible by 16), and ``_sampler_launch`` picks constexprs from the
+vocabulary alone, so every batch bucket and k = 0..7 run one compiled kernel per launch path.
 """
 from __future__ import annotations
 
@@ -131,15 +136,36 @@ def _launch_config(vocab_size: int, max_block_v: int = 8192) -> tuple[int, int, 
     return block_b, block_v, num_warps
 
 
-def _vocab_splits(batch: int, vocab_size: int, block_b: int, device: torch.device) -> tuple[int, int]:
+def _vocab_splits(batch: int, vocab_size: int, block_b: int, programs_target: int) -> tuple[int, int]:
     """(programs per sequence, chunks of ``SPLIT_BLOCK_V`` per program) for the split kernels; (1, 0)
-    when one program per sequence fills the device (or several sequences share one)."""
+    when one program per sequence fills the device (``programs_target``, or several sequences share one)."""
     n_chunks = triton.cdiv(vocab_size, SPLIT_BLOCK_V)
-    splits = min(n_chunks, _num_programs_target(device) // batch) if block_b == 1 else 1
+    splits = min(n_chunks, programs_target // batch) if block_b == 1 else 1
     if splits <= 1 or LAUNCH_OVERRIDE.get("no_split", False):
         return 1, 0
     per_slice = triton.cdiv(n_chunks, splits)
     return triton.cdiv(n_chunks, per_slice), per_slice  # no empty slice
+
+
+# Output columns a program tiles (k + 1, masked by the real k): k = 0..7 share one compiled kernel.
+MIN_BLOCK_K = 8
+
+
+def _sampler_launch(batch: int, vocab_size: int, max_spec_len: int, programs_target: int,
+                    max_block_v: int = 8192) -> tuple[int, int, dict]:
+    """A sampler's launch from host-side shapes: (splits, slice length, constexpr kwargs with num_warps).
+    ``splits > 1``: the split kernel, grid ``(B, splits)``, slices of ``slice length`` tokens; else the
+    per-sequence kernel, grid ``cdiv(B, BLOCK_B)``. Each distinct kwargs dict is a JIT compile: they
+    depend on the vocabulary (and on k past 7), never on the batch size or split count (runtime ints;
+    ``BLOCK_S`` covers the most splits a vocabulary can get: one per chunk)."""
+    block_b, block_v, num_warps = _launch_config(vocab_size, max_block_v)
+    block_k = max(MIN_BLOCK_K, triton.next_power_of_2(max_spec_len + 1))
+    splits, per_slice = _vocab_splits(batch, vocab_size, block_b, programs_target)
+    if splits > 1:
+        block_s = triton.next_power_of_2(triton.cdiv(vocab_size, SPLIT_BLOCK_V))
+        return splits, per_slice * SPLIT_BLOCK_V, dict(BLOCK_V=SPLIT_BLOCK_V, BLOCK_K=block_k, BLOCK_S=block_s,
+                                                       num_warps=4)
+    return 1, 0, dict(BLOCK_B=block_b, BLOCK_V=block_v, BLOCK_K=block_k, num_warps=num_warps)
 
 
 def _new_outputs(batch: int, max_spec_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,6 +31,12 @@ query's position, with an online softmax (flash-attention / flash-decoding):
 
 Matmuls run in the input dtype with float32 accumulation (float32 inputs use IEEE
 float32, not tf32). Output is in the query's dtype.
+
+Small grids (decode and verify at small batch) split each sequence's key range over ``S``
+programs (flash-decoding): grid ``(B, q_blocks, kv_heads * S)``, each program leaves its
+unnormalised ``(acc, m, l)`` in float32 scratch and ``_combine_kv_splits_kernel`` merges them.
+``S`` is a runtime argument and every query of 2..``QUERY_TILE`` tokens gets the same tile, so
+batch size, split count and the speculation length (k = 1..7) never compile a new variant.
 """
 from __future__ import annotations
 
@@ -40,6 +46,8 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
+
+from .acceptance_common_triton import _num_programs_target
 
 # Triton's CPU interpreter multiplies bfloat16 tiles as raw bits in tl.dot; there (only) the
 # kernel upcasts bfloat16 operands to float32. Compiled kernels use bfloat16 tensor-core dots.
@@ -98,7 +106,7 @@ def write_kv_to_slots_triton(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_kv_splits"])
 def _paged_attention_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
     scale, softcap, sliding_window,
@@ -107,18 +115,18 @@ def _paged_attention_kernel(
     stride_kc_blk, stride_kc_pos, stride_kc_h,
     stride_vc_blk, stride_vc_pos, stride_vc_h,
     stride_bt,
-    part_acc_ptr, part_ml_ptr,  # split-KV partials (T, H, S, D) and (T, H, S, 2); unused when NUM_KV_SPLITS == 1
+    part_acc_ptr, part_ml_ptr,  # split-KV partials (T, H, S, D) and (T, H, S, 2); unused when num_kv_splits == 1
+    num_kv_splits,  # a runtime int: every split count runs the same compiled kernel
     HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE_FP32: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    NUM_KV_SPLITS: tl.constexpr,
 ):
     # Typed scalars: a float arriving as fp64 would turn the online softmax's carried m_i into fp64.
     scale = tl.cast(scale, tl.float32)
     softcap = tl.cast(softcap, tl.float32)
     b = tl.program_id(0)
     q_block = tl.program_id(1)
-    kv_head = tl.program_id(2) // NUM_KV_SPLITS
-    kv_split = tl.program_id(2) % NUM_KV_SPLITS
+    kv_head = tl.program_id(2) // num_kv_splits
+    kv_split = tl.program_id(2) % num_kv_splits
     q_start = tl.load(query_start_loc_ptr + b).to(tl.int64)
     q_len = (tl.load(query_start_loc_ptr + b + 1) - q_start).to(tl.int32)
     first_tok = q_block * BLOCK_Q
@@ -146,8 +154,8 @@ def _paged_attention_kernel(
         if HAS_WINDOW:
             lo = tl.maximum(ctx_len + first_tok - sliding_window + 1, 0)
         lo = (lo // BLOCK_N) * BLOCK_N
-        if NUM_KV_SPLITS > 1:  # flash-decoding: this program takes one contiguous share of the tiles
-            per_split = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), NUM_KV_SPLITS) * BLOCK_N
+        if num_kv_splits > 1:  # flash-decoding: this program takes one contiguous share of the tiles
+            per_split = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), num_kv_splits) * BLOCK_N
             lo = lo + kv_split * per_split
             hi = tl.minimum(hi, lo + per_split)
 
@@ -195,29 +203,30 @@ def _paged_attention_kernel(
             m_i = m_new
 
         o_mask = row_ok[:, None] & d_ok[None, :]
-        if NUM_KV_SPLITS == 1:
+        if num_kv_splits == 1:
             l_safe = tl.where(l_i > 0.0, l_i, 1.0)
             out = acc / l_safe[:, None]
             tl.store(out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
                      out.to(out_ptr.dtype.element_ty), mask=o_mask)
         else:  # unnormalised partial; an empty share leaves m = -1e30, l = 0, acc = 0
-            num_heads = num_groups * (tl.num_programs(2) // NUM_KV_SPLITS)
-            row = ((q_start + tok) * num_heads + head) * NUM_KV_SPLITS + kv_split
+            num_heads = num_groups * (tl.num_programs(2) // num_kv_splits)
+            row = ((q_start + tok) * num_heads + head) * num_kv_splits + kv_split
             tl.store(part_acc_ptr + row[:, None] * BLOCK_D + d[None, :], acc, mask=o_mask)
             tl.store(part_ml_ptr + row * 2, m_i, mask=row_ok)
             tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_kv_splits"])
 def _combine_kv_splits_kernel(out_ptr, part_acc_ptr, part_ml_ptr, num_heads, head_dim, stride_ot, stride_oh,
-                              NUM_KV_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    """out[t, h] = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s over the KV splits."""
+                              num_kv_splits, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """out[t, h] = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s over the KV splits (``BLOCK_S`` covers
+    the largest split count the launcher can choose; lanes past ``num_kv_splits`` are masked)."""
     t = tl.program_id(0)
     h = tl.program_id(1)
     sp = tl.arange(0, BLOCK_S)
-    s_ok = sp < NUM_KV_SPLITS
+    s_ok = sp < num_kv_splits
     d = tl.arange(0, BLOCK_D)
-    row = (t.to(tl.int64) * num_heads + h) * NUM_KV_SPLITS + sp
+    row = (t.to(tl.int64) * num_heads + h) * num_kv_splits + sp
     m = tl.load(part_ml_ptr + row * 2, mask=s_ok, other=-1.0e30)
     l = tl.load(part_ml_ptr + row * 2 + 1, mask=s_ok, other=0.0)
     acc = tl.load(part_acc_ptr + row[:, None] * BLOCK_D + d[None, :], mask=s_ok[:, None] & (d < head_dim)[None, :],
@@ -229,9 +238,18 @@ def _combine_kv_splits_kernel(out_ptr, part_acc_ptr, part_ml_ptr, num_heads, hea
              mask=d < head_dim)
 
 
+# Queries of 2..QUERY_TILE tokens (the verify of k = 1..7 drafts, a draft's catch-up step) share one tile
+# sized for QUERY_TILE tokens, so the adaptive k never compiles a new variant (before, G = 4 tiled up to 4
+# tokens in 16 rows and more in 32: two variants). Same bytes read; a shorter query leaves tile rows idle.
+# A decode step (one token: every draft step, a round of k = 0) keeps its own smallest tile, as before:
+# it is the most frequent call, and its one compile per model comes in the first round either way.
+QUERY_TILE = 8
+
+
 def _tile_sizes(max_query_len: int, num_groups: int, head_dim: int) -> tuple[int, int, int, int]:
     """(BLOCK_Q, BLOCK_M, BLOCK_N, BLOCK_D): the query tile stacks BLOCK_Q tokens x G heads, >= 16 rows."""
-    rows = max(int(max_query_len), 1) * num_groups
+    tokens = max(int(max_query_len), 1)
+    rows = (QUERY_TILE if 1 < tokens < QUERY_TILE else tokens) * num_groups
     block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)
     block_m = max(block_m, triton.next_power_of_2(num_groups))
     block_q = max(1, block_m // num_groups)
@@ -240,6 +258,26 @@ def _tile_sizes(max_query_len: int, num_groups: int, head_dim: int) -> tuple[int
     if block_m >= 64 and block_d <= 128:
         block_n = 64
     return block_q, block_m, block_n, block_d
+
+
+def _attention_launch(num_seqs: int, max_query_len: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                      max_context: int, programs_target: int, dtype: torch.dtype, sliding_window: Optional[int],
+                      softcap: Optional[float]) -> tuple[int, tuple[int, int, int], dict, dict]:
+    """A launch decided from host-side shapes only: (KV splits, grid, the attention kernel's constexpr
+    kwargs, the combine kernel's constexpr kwargs; the combine runs when splits > 1). Each distinct kwargs
+    dict is a JIT compile: they depend on the model, the dtype and the query length's class (1 token,
+    2..``QUERY_TILE``, longer), never on the batch size, the split count or k = 1..7."""
+    G = num_heads // num_kv_heads
+    block_q, block_m, block_n, block_d = _tile_sizes(max_query_len, G, head_dim)
+    n_qblocks = triton.cdiv(max(int(max_query_len), 1), block_q)
+    splits = 1 if max_query_len > SPLIT_MAX_QUERY else _num_kv_splits(
+        num_seqs * n_qblocks * num_kv_heads, max_context, block_n, programs_target)
+    upcast = _INTERPRET_BF16 and dtype == torch.bfloat16
+    attention = dict(HAS_SOFTCAP=softcap is not None, HAS_WINDOW=sliding_window is not None,
+                     IEEE_FP32=dtype == torch.float32 or upcast, UPCAST=upcast,
+                     BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4, num_stages=2)
+    combine = dict(BLOCK_S=triton.next_power_of_2(max(MAX_KV_SPLITS, 1)), BLOCK_D=block_d, num_warps=4)
+    return splits, (num_seqs, n_qblocks, num_kv_heads * splits), attention, combine
 
 
 def paged_attention_triton(
@@ -258,44 +296,35 @@ def paged_attention_triton(
     T, H, D = query.shape
     B = block_tables.shape[0]
     KVH = key_cache.shape[2]
-    G = H // KVH
     out = torch.empty(T, H, D, dtype=query.dtype, device=query.device)  # contiguous, as the op's fake says
     if T == 0 or B == 0:
         return out
     if query.stride(-1) != 1:
         query = query.contiguous()
     assert key_cache.stride(-1) == 1 and value_cache.stride(-1) == 1, "caches need a contiguous head_dim"
-    block_q, block_m, block_n, block_d = _tile_sizes(max_query_len, G, D)
-    n_qblocks = triton.cdiv(max(int(max_query_len), 1), block_q)
-    splits = 1 if max_query_len > SPLIT_MAX_QUERY else _num_kv_splits(
-        B * n_qblocks * KVH, block_tables.shape[1] * key_cache.shape[1], block_n, query.device)
+    splits, grid, attention, combine = _attention_launch(
+        B, max_query_len, H, KVH, D, block_tables.shape[1] * key_cache.shape[1], _num_programs_target(query.device),
+        query.dtype, sliding_window, softcap)
+    block_d = attention["BLOCK_D"]
     if splits > 1:
         part_acc = torch.empty(T, H, splits, block_d, dtype=torch.float32, device=query.device)
         part_ml = torch.empty(T, H, splits, 2, dtype=torch.float32, device=query.device)
-    else:
-        part_acc = part_ml = out  # never touched
-    grid = (B, n_qblocks, KVH * splits)
+    else:  # never touched; float32 like the partials, so that both cases share one compiled kernel
+        part_acc = part_ml = torch.empty(0, dtype=torch.float32, device=query.device)
     _paged_attention_kernel[grid](
         out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
         float(scale), float(softcap) if softcap is not None else 1.0,
         int(sliding_window) if sliding_window is not None else 0,
-        D, key_cache.shape[1], G,
+        D, key_cache.shape[1], H // KVH,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_tables.stride(0),
-        part_acc, part_ml,
-        HAS_SOFTCAP=softcap is not None, HAS_WINDOW=sliding_window is not None,
-        IEEE_FP32=query.dtype == torch.float32 or _INTERPRET_BF16 and query.dtype == torch.bfloat16,
-        UPCAST=_INTERPRET_BF16 and query.dtype == torch.bfloat16,
-        BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, NUM_KV_SPLITS=splits,
-        num_warps=4, num_stages=2,
+        part_acc, part_ml, num_kv_splits=splits, **attention,
     )
     if splits > 1:
-        _combine_kv_splits_kernel[(T, H)](
-            out, part_acc, part_ml, H, D, out.stride(0), out.stride(1),
-            NUM_KV_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, num_warps=4,
-        )
+        _combine_kv_splits_kernel[(T, H)](out, part_acc, part_ml, H, D, out.stride(0), out.stride(1),
+                                          num_kv_splits=splits, **combine)
     return out
 
 
@@ -305,20 +334,18 @@ def paged_attention_triton(
 # with up to 16 at batch 1 (round 4.21 -> 3.84 ms); 660 -> 427 us (+130 us combine) at batch 32.
 # (An earlier eager-launch measurement found splitting slower: there each extra launch cost more.)
 MAX_KV_SPLITS = 16
-# Only a round's queries split (k+1 verify tokens, 16-token catch-up windows): a prompt's prefill has a
-# new grid for nearly every length, and each new split count JIT-compiles the kernel in the middle of a
-# call (an H100 run: one 259-token Gemma prompt met NUM_KV_SPLITS = 16 and its prefill took 14 s).
+# Only a round's queries split (k+1 verify tokens, 16-token catch-up windows); prefill runs unsplit, as
+# measured. The split count is a runtime argument: every count runs the same two compiled kernels (when
+# it was a constexpr, each new count JIT-compiled mid-call: a 259-token Gemma prompt's prefill took 14 s).
 SPLIT_MAX_QUERY = 32
 
 
-def _num_kv_splits(programs: int, max_context: int, block_n: int, device: torch.device) -> int:
+def _num_kv_splits(programs: int, max_context: int, block_n: int, target: int) -> int:
     """Split each sequence's keys over several programs when the grid alone cannot fill the
-    device (decode and verify at small batch): about two programs per SM, at least four
-    key tiles per split. Decided from host-side shapes only (no synchronisation)."""
-    target = 2 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+    device (decode and verify at small batch): about ``target`` programs (two per SM), at least
+    four key tiles per split. Decided from host-side shapes only (no synchronisation)."""
     if programs >= target or MAX_KV_SPLITS <= 1:
         return 1
     splits = max(1, min(MAX_KV_SPLITS, triton.cdiv(target, programs), max_context // (4 * block_n)))
-    # A power of two: NUM_KV_SPLITS is a constexpr, and every new value JIT-compiles the kernel (seconds,
-    # in the middle of a call: prefill sees a new value for nearly every prompt length otherwise).
+    # A power of two (at most MAX_KV_SPLITS, which sizes the combine's BLOCK_S): few distinct counts.
     return 1 << (splits.bit_length() - 1)

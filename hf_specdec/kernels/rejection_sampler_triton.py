@@ -49,17 +49,16 @@ import torch
 import triton
 import triton.language as tl
 
-from .acceptance_common_triton import (  # noqa: F401 (LAUNCH_OVERRIDE, _num_programs_target: kernel_bench, tests)
+from .acceptance_common_triton import (  # noqa: F401 (LAUNCH_OVERRIDE, SPLIT_BLOCK_V: kernel_bench, tests)
     LAUNCH_OVERRIDE,
     SPLIT_BLOCK_V,
     _first_argmax,
-    _launch_config,
     _new_outputs,
     _num_programs_target,
     _rows_exponential_race,
+    _sampler_launch,
     _sequence_rows,
     _store_outputs,
-    _vocab_splits,
 )
 from .vocab_split_triton import _rejection_sample_split_kernel
 
@@ -85,7 +84,7 @@ def _rows_argmax(row_ptrs, live, vocab_size, BLOCK_B: tl.constexpr, BLOCK_V: tl.
     return _first_argmax(best_val, best_idx)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["batch_size", "max_spec_len", "stride_out"])
 def _rejection_sample_kernel(
     out_ptr,  # (B, K+1) int64
     num_accepted_ptr,  # (B,) int64
@@ -183,10 +182,9 @@ def rejection_sample_triton(
     if draft_token_ids.numel() == 0:  # keep the pointers valid; never read
         draft_token_ids = torch.zeros(1, dtype=torch.int64, device=device)
         uniform_samples = torch.zeros(1, dtype=torch.float64, device=device)
-    has_q = draft_probs is not None and draft_probs.numel() > 0
-    q = draft_probs.contiguous() if has_q else target_probs
-    block_b, block_v, num_warps = _launch_config(V)
-    splits, per_slice = _vocab_splits(B, V, block_b, device)
+    has_q = draft_probs is not None  # as the reference: None is a one-hot q (also when k = 0: one variant)
+    q = draft_probs.contiguous() if has_q and draft_probs.numel() > 0 else target_probs  # no drafts: never read
+    splits, slice_len, constexprs = _rejection_launch(B, V, K, has_q, _num_programs_target(device))
     if splits > 1:  # small batch, large vocabulary: each sequence's vocabulary over several programs
         part_val = torch.empty(B, splits, K + 1, dtype=torch.float32, device=device)
         part_idx = torch.empty(B, splits, K + 1, dtype=torch.int32, device=device)
@@ -196,17 +194,21 @@ def rejection_sample_triton(
             out, num_accepted, cu_num_draft_tokens.contiguous(), draft_token_ids, q, target_probs,
             is_greedy.contiguous(), uniform_samples, exponential_samples,
             part_val, part_idx, part_res, tickets,
-            V, K, per_slice * SPLIT_BLOCK_V,
+            V, K, slice_len,
             out.stride(0), q.stride(0), target_probs.stride(0), exponential_samples.stride(0),
-            NUM_SPLITS=splits, HAS_Q=has_q, BLOCK_V=SPLIT_BLOCK_V, BLOCK_K=triton.next_power_of_2(K + 1),
-            BLOCK_S=triton.next_power_of_2(splits), num_warps=4,
+            splits, **constexprs,
         )
         return out, num_accepted
-    _rejection_sample_kernel[(triton.cdiv(B, block_b),)](
+    _rejection_sample_kernel[(triton.cdiv(B, constexprs["BLOCK_B"]),)](
         out, num_accepted, cu_num_draft_tokens.contiguous(), draft_token_ids, q, target_probs,
         is_greedy.contiguous(), uniform_samples, exponential_samples,
         B, V, K, out.stride(0), q.stride(0), target_probs.stride(0), exponential_samples.stride(0),
-        HAS_Q=has_q, BLOCK_B=block_b, BLOCK_V=block_v, BLOCK_K=triton.next_power_of_2(K + 1),
-        num_warps=num_warps,
+        **constexprs,
     )
     return out, num_accepted
+
+
+def _rejection_launch(batch: int, vocab_size: int, max_spec_len: int, has_q: bool, programs_target: int):
+    """(splits, slice length, constexpr kwargs) of a rejection-sampler launch (``_sampler_launch`` plus ``HAS_Q``)."""
+    splits, slice_len, constexprs = _sampler_launch(batch, vocab_size, max_spec_len, programs_target)
+    return splits, slice_len, dict(HAS_Q=has_q, **constexprs)

@@ -32,16 +32,15 @@ import triton
 import triton.language as tl
 
 from .acceptance_common_triton import (
-    SPLIT_BLOCK_V,
     _combined_argmax,
     _first_argmax,
-    _launch_config,
     _new_outputs,
+    _num_programs_target,
     _rows_exponential_race,
+    _sampler_launch,
     _sequence_rows,
     _store_outputs,
     _store_sequence_outputs,
-    _vocab_splits,
 )
 from .vocab_split_triton import _slice_race
 
@@ -65,7 +64,7 @@ def _rows_entropy_argmax(p_ptrs, live, vocab_size, BLOCK_B: tl.constexpr, BLOCK_
     return -0.6931471805599453 * tl.sum(plogp, axis=1), _first_argmax(best, best_idx)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["batch_size", "max_spec_len", "stride_out"])
 def _typical_accept_kernel(
     out_ptr, num_accepted_ptr, cu_num_draft_ptr, draft_ids_ptr, target_probs_ptr, exp_ptr,
     batch_size, vocab_size, max_spec_len,
@@ -129,13 +128,14 @@ def _slice_entropy_argmax(row_ptr, lo, hi, BLOCK_V: tl.constexpr):
     return tl.sum(plogp, axis=0), top, tl.min(tl.where(best == top, best_idx, 2147483647), axis=0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["max_spec_len", "stride_out", "num_splits"])
 def _typical_accept_split_kernel(
     out_ptr, num_accepted_ptr, cu_num_draft_ptr, draft_ids_ptr, target_probs_ptr, exp_ptr,
     part_val_ptr, part_idx_ptr, part_ent_ptr, ticket_ptr,  # (B, S, K+1) x3, (B,) zeros
     vocab_size, max_spec_len, slice_len, posterior_threshold, posterior_alpha,
     stride_out, stride_p, stride_e,
-    NUM_SPLITS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
+    num_splits,  # a runtime int (S), as are max_spec_len and stride_out: one compiled kernel for every B and k
+    BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,  # BLOCK_S >= num_splits, masked
 ):
     """Small batches: program (b, s) sweeps vocabulary slice s of all of sequence b's rows
     (partial entropy and argmax of the draft rows, partial race of the bonus row); the
@@ -147,7 +147,7 @@ def _typical_accept_split_kernel(
     start, count, target_start = _sequence_rows(cu_num_draft_ptr, b, b >= 0)
     lo = s * slice_len
     hi = tl.minimum(lo + slice_len, vocab_size)
-    part = (b * NUM_SPLITS + s).to(tl.int64) * (max_spec_len + 1)
+    part = (b * num_splits + s).to(tl.int64) * (max_spec_len + 1)
     for j in range(0, count):
         ent, top, idx = _slice_entropy_argmax(target_probs_ptr + (target_start + j) * stride_p, lo, hi, BLOCK_V)
         tl.store(part_ent_ptr + part + j, ent)
@@ -159,11 +159,11 @@ def _typical_accept_split_kernel(
     tl.store(part_idx_ptr + part + count, idx)
 
     ticket = tl.atomic_add(ticket_ptr + b, 1, sem="acq_rel")  # releases the partials above
-    if ticket == NUM_SPLITS - 1:  # last arrival: combine and walk
+    if ticket == num_splits - 1:  # last arrival: combine and walk
         out_row = out_ptr + b.to(tl.int64) * stride_out
         sl = tl.arange(0, BLOCK_S)
-        s_ok = sl < NUM_SPLITS
-        parts = (b * NUM_SPLITS + sl).to(tl.int64) * (max_spec_len + 1)
+        s_ok = sl < num_splits
+        parts = (b * num_splits + sl).to(tl.int64) * (max_spec_len + 1)
         num_acc = b * 0
         still = b >= 0
         emitted = b * 0
@@ -209,8 +209,7 @@ def typical_accept_triton(
     draft_token_ids = draft_token_ids.contiguous()
     if draft_token_ids.numel() == 0:  # keep the pointer valid; never read
         draft_token_ids = torch.zeros(1, dtype=torch.int64, device=device)
-    block_b, block_v, num_warps = _launch_config(V, max_block_v=2048)  # log2 per element: smaller chunks
-    splits, per_slice = _vocab_splits(B, V, block_b, device)
+    splits, slice_len, constexprs = _typical_launch(B, V, K, _num_programs_target(device))
     if splits > 1:
         part_val = torch.empty(B, splits, K + 1, dtype=torch.float32, device=device)
         part_idx = torch.empty(B, splits, K + 1, dtype=torch.int32, device=device)
@@ -219,17 +218,21 @@ def typical_accept_triton(
         _typical_accept_split_kernel[(B, splits)](
             out, num_accepted, cu_num_draft_tokens.contiguous(), draft_token_ids, target_probs, exponential_samples,
             part_val, part_idx, part_ent, tickets,
-            V, K, per_slice * SPLIT_BLOCK_V, float(posterior_threshold), float(posterior_alpha),
+            V, K, slice_len, float(posterior_threshold), float(posterior_alpha),
             out.stride(0), target_probs.stride(0), exponential_samples.stride(0),
-            NUM_SPLITS=splits, BLOCK_V=SPLIT_BLOCK_V, BLOCK_K=triton.next_power_of_2(K + 1),
-            BLOCK_S=triton.next_power_of_2(splits), num_warps=4,
+            splits, **constexprs,
         )
         return out, num_accepted
-    _typical_accept_kernel[(triton.cdiv(B, block_b),)](
+    _typical_accept_kernel[(triton.cdiv(B, constexprs["BLOCK_B"]),)](
         out, num_accepted, cu_num_draft_tokens.contiguous(), draft_token_ids, target_probs, exponential_samples,
         B, V, K, float(posterior_threshold), float(posterior_alpha),
         out.stride(0), target_probs.stride(0), exponential_samples.stride(0),
-        BLOCK_B=block_b, BLOCK_V=block_v, BLOCK_K=triton.next_power_of_2(K + 1),
-        num_warps=num_warps,
+        **constexprs,
     )
     return out, num_accepted
+
+
+def _typical_launch(batch: int, vocab_size: int, max_spec_len: int, programs_target: int):
+    """(splits, slice length, constexpr kwargs) of a typical-acceptance launch: ``_sampler_launch`` with
+    chunks of at most 2048 tokens in the per-sequence kernel (a log2 per element)."""
+    return _sampler_launch(batch, vocab_size, max_spec_len, programs_target, max_block_v=2048)

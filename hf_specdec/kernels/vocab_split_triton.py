@@ -59,15 +59,16 @@ def _slice_race(p_row, q_row, e_row, lo, hi, use_residual, onehot_token, HAS_Q: 
     return top, tl.min(tl.where(best == top, best_idx, 2147483647), axis=0), tl.max(res_max, axis=0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["max_spec_len", "stride_out", "num_splits"])
 def _rejection_sample_split_kernel(
     out_ptr, num_accepted_ptr, cu_num_draft_ptr, draft_ids_ptr, draft_probs_ptr, target_probs_ptr,
     is_greedy_ptr, uniform_ptr, exp_ptr,
     part_val_ptr, part_idx_ptr, part_res_ptr, ticket_ptr,  # (B, S, K+1), (B, S, K+1), (B, S), (B,) zeros
     vocab_size, max_spec_len, slice_len,
     stride_out, stride_q, stride_p, stride_e,
-    NUM_SPLITS: tl.constexpr, HAS_Q: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_S: tl.constexpr,
+    num_splits,  # a runtime int (S), as are max_spec_len and stride_out: one compiled kernel for every B and k
+    HAS_Q: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # >= num_splits, lanes past it masked
 ):
     """Small batches: program (b, s) sweeps vocabulary slice s of sequence b's rows and leaves
     a partial (max, argmax) in scratch; the last of the sequence's programs to arrive (an
@@ -78,7 +79,7 @@ def _rejection_sample_split_kernel(
     greedy = tl.load(is_greedy_ptr + b) != 0
     lo = s * slice_len
     hi = tl.minimum(lo + slice_len, vocab_size)
-    part = (b * NUM_SPLITS + s).to(tl.int64) * (max_spec_len + 1)
+    part = (b * num_splits + s).to(tl.int64) * (max_spec_len + 1)
 
     num_acc = b * 0  # scalar tensors (not literals): they change inside data-dependent branches
     rejected = b < 0
@@ -109,14 +110,14 @@ def _rejection_sample_split_kernel(
             exp_ptr + b.to(tl.int64) * stride_e, lo, hi, rejected, r_draft, HAS_Q, BLOCK_V)
         tl.store(part_val_ptr + part, top)
         tl.store(part_idx_ptr + part, idx)
-        tl.store(part_res_ptr + b * NUM_SPLITS + s, res_max)
+        tl.store(part_res_ptr + b * num_splits + s, res_max)
 
     ticket = tl.atomic_add(ticket_ptr + b, 1, sem="acq_rel")  # releases the partials above
-    if ticket == NUM_SPLITS - 1:  # last arrival: combine
+    if ticket == num_splits - 1:  # last arrival: combine
         out_row = out_ptr + b.to(tl.int64) * stride_out
         sl = tl.arange(0, BLOCK_S)
-        s_ok = sl < NUM_SPLITS
-        parts = (b * NUM_SPLITS + sl).to(tl.int64) * (max_spec_len + 1)
+        s_ok = sl < num_splits
+        parts = (b * num_splits + sl).to(tl.int64) * (max_spec_len + 1)
         emitted = b * 0
         if greedy:
             still = b >= 0
@@ -136,7 +137,7 @@ def _rejection_sample_split_kernel(
             vals = tl.load(part_val_ptr + parts, mask=s_ok, other=-2.0, cache_modifier=".cg")
             idxs = tl.load(part_idx_ptr + parts, mask=s_ok, other=2147483647, cache_modifier=".cg")
             emitted = tl.min(tl.where(vals == tl.max(vals, axis=0), idxs, 2147483647), axis=0)
-            res_max = tl.max(tl.load(part_res_ptr + b * NUM_SPLITS + sl, mask=s_ok, other=0.0,
+            res_max = tl.max(tl.load(part_res_ptr + b * num_splits + sl, mask=s_ok, other=0.0,
                                      cache_modifier=".cg"), axis=0)
             if rejected & (res_max <= 0.0):  # all-zero residual (rounding): draw from p over the whole row
                 top, idx, res_max = _slice_race(

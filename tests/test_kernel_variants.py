@@ -1,0 +1,181 @@
+"""Kernel variants: batch size, split count and speculation length never compile a new Triton kernel.
+
+Every distinct set of constexprs (and every int argument Triton specialises: == 1, divisible by 16)
+is a JIT compile in the middle of a user's call (0.3-0.5 s each on an H200). The launchers decide
+their constexprs in small pure helpers; for the decode and verify shapes of a Llama-8B-like and a
+1B-like model those must be one dict per kernel across batch buckets 1..32 and k = 1..7. A second
+test runs the real launchers with spied kernels and checks every argument the way Triton keys its
+cache. CPU only: nothing here launches a kernel.
+"""
+import inspect
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from hf_specdec.kernels import acceptance_common_triton as common  # noqa: E402
+from hf_specdec.kernels import paged_attention_triton as pa  # noqa: E402
+from hf_specdec.kernels import rejection_sampler_triton as rs  # noqa: E402
+from hf_specdec.kernels import typical_acceptance_triton as ta  # noqa: E402
+
+CONFIGS = {  # heads, kv heads, head_dim, vocabulary
+    "llama-8b": (32, 8, 128, 128256),
+    "llama-1b": (32, 8, 64, 128256),
+}
+BATCHES = range(1, 33)
+KS = range(1, 8)
+MAX_CONTEXT = 8192 * 16  # a block table of 8192 blocks of 16
+TARGETS = (2 * 132, 2 * 114, 2 * 78, 8)  # two programs per SM: H100 SXM / H200, H100 PCIe, 78 SMs, off-GPU
+
+
+def _distinct(dicts):
+    return {tuple(sorted(d.items())) for d in dicts}
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("target", TARGETS)
+def test_attention_constexprs_independent_of_batch_and_k(config, target):
+    H, KVH, D, _ = CONFIGS[config]
+    verify, decode, combine, splits = [], [], [], set()
+    for B in BATCHES:
+        for k in (0, *KS):
+            s, grid, attention, comb = pa._attention_launch(B, k + 1, H, KVH, D, MAX_CONTEXT, target,
+                                                            torch.bfloat16, None, None)
+            (verify if k else decode).append(attention)
+            combine.append(comb)
+            splits.add(s)
+            assert grid == (B, 1, KVH * s)  # one query block: the tile holds k + 1 <= 8 tokens
+            assert s <= comb["BLOCK_S"]
+    assert len(_distinct(verify)) == 1, _distinct(verify)
+    assert len(_distinct(decode)) == 1, _distinct(decode)  # a decode step keeps its own (smaller) tile
+    assert len(_distinct(combine)) == 1, _distinct(combine)
+    if target > 8:
+        assert len(splits) > 2, splits  # the split count does vary with the batch: a runtime argument
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("target", TARGETS)
+def test_sampler_constexprs_independent_of_batch_and_k(config, target):
+    """Greedy and sampled rejection (the split path is the vocabulary-split argmax for greedy rows),
+    and typical acceptance: one constexpr dict per kernel (per-sequence or split) and mode."""
+    V = CONFIGS[config][3]
+    launches = {}
+    for B in BATCHES:
+        for k in (0, *KS):
+            for mode, (splits, slice_len, kw) in {
+                "greedy": rs._rejection_launch(B, V, k, False, target),
+                "sampled": rs._rejection_launch(B, V, k, True, target),
+                "typical": ta._typical_launch(B, V, k, target),
+            }.items():
+                path = "split" if splits > 1 else "per-sequence"
+                launches.setdefault((mode, path), []).append(kw)
+                if splits > 1:
+                    assert splits <= kw["BLOCK_S"] and slice_len % common.SPLIT_BLOCK_V == 0
+                    assert splits * slice_len >= V > (splits - 1) * slice_len  # no empty slice
+                assert kw["BLOCK_K"] >= k + 1
+    for key, kws in launches.items():
+        assert len(_distinct(kws)) == 1, (key, _distinct(kws))
+    if target == 2 * 132:  # an H100/H200: every bucket up to 32 splits the vocabulary
+        assert {path for _, path in launches} == {"split"}
+
+
+def test_block_k_covers_k_up_to_7_then_grows():
+    assert {common._sampler_launch(1, 32000, k, 8)[2]["BLOCK_K"] for k in range(8)} == {8}
+    assert common._sampler_launch(1, 32000, 8, 8)[2]["BLOCK_K"] == 16
+
+
+# -- the launchers themselves, with spied kernels: every argument as Triton keys its kernel cache ----------
+
+def _unspecialised(kernel):
+    """The names a kernel declares ``do_not_specialize`` (compiled or interpreted Triton)."""
+    if hasattr(kernel, "do_not_specialize"):  # a compiled kernel
+        return set(kernel.do_not_specialize or ())
+    if isinstance(getattr(kernel, "kwargs", None), dict):  # TRITON_INTERPRET=1 keeps the decorator's arguments
+        return set(kernel.kwargs.get("do_not_specialize") or ())
+    pytest.skip("this Triton version does not expose do_not_specialize")
+
+
+def _cache_key(kernel, bound):
+    """What of each argument enters Triton's cache key: constexprs by value; ints by width, and == 1 /
+    divisible by 16 unless ``do_not_specialize``; tensors by dtype (alignment is 16 for every allocation)."""
+    params = inspect.signature(kernel.fn).parameters
+    unspec = _unspecialised(kernel)
+    assert unspec <= set(params), unspec - set(params)  # Triton ignores a misspelt name silently
+    key = []
+    for name, value in sorted(bound.items()):
+        if name in params and "constexpr" in str(params[name].annotation):
+            key.append((name, value))
+        elif isinstance(value, bool) or name not in params:  # launch options (num_warps, ...)
+            key.append((name, value))
+        elif isinstance(value, int):
+            width = "i32" if -2**31 <= value < 2**31 else "i64"
+            spec = None if name in unspec else ("one" if value == 1 else "div16" if value % 16 == 0 else "")
+            key.append((name, width, spec))
+        elif isinstance(value, float):
+            key.append((name, "fp32"))
+        else:
+            key.append((name, value.dtype))
+    return tuple(key)
+
+
+class _Spy:
+    """Stands in for a kernel: files each launch's cache key under ``(mode, kernel name)``, runs nothing."""
+
+    def __init__(self, kernel, logs, mode):
+        self.kernel, self.logs, self.mode = kernel, logs, mode
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            bound = dict(zip(inspect.signature(self.kernel.fn).parameters, args), **kwargs)
+            self.logs.setdefault((self.mode[0], self.kernel.fn.__name__), []).append(_cache_key(self.kernel, bound))
+        return launch
+
+
+KERNELS = {pa: ("_paged_attention_kernel", "_combine_kv_splits_kernel"),
+           rs: ("_rejection_sample_kernel", "_rejection_sample_split_kernel"),
+           ta: ("_typical_accept_kernel", "_typical_accept_split_kernel")}
+
+
+@pytest.mark.parametrize("target", [2 * 132, 8])
+def test_launchers_compile_one_variant_per_kernel(monkeypatch, target):
+    """Decode, verify and sampling of the 8B-like model over batches and k = 0..7: one cache key per
+    kernel and mode (the off-GPU target also reaches the per-sequence sampler kernels)."""
+    logs, mode = {}, [None]
+    for mod, names in KERNELS.items():
+        monkeypatch.setattr(mod, "_num_programs_target", lambda device: target)
+        for name in names:
+            monkeypatch.setattr(mod, name, _Spy(getattr(mod, name), logs, mode))
+    H, KVH, D, V = CONFIGS["llama-8b"]
+    caches = torch.empty(2, 16, KVH, D, dtype=torch.bfloat16)
+    for B in (1, 2, 3, 16, 24, 32):
+        tables = torch.zeros(B, 8192, dtype=torch.int32)
+        lens, starts = torch.zeros(B, dtype=torch.int32), torch.zeros(B + 1, dtype=torch.int32)
+        for k in (0, 1, 3, 4, 7):
+            for mode[0], q_len in [("decode", 1)] + [("verify", k + 1)] * (k > 0):
+                query = torch.empty(B * q_len, H, D, dtype=torch.bfloat16)
+                pa.paged_attention_triton(query, caches, caches, tables, lens, starts, q_len, D ** -0.5)
+            cu = torch.arange(1, B + 1) * k
+            drafts, target_probs = torch.zeros(B * k, dtype=torch.int64), torch.empty(B * (k + 1), V)
+            noise_u, noise_e = torch.empty(B * k, dtype=torch.float64), torch.empty(B, V)
+            mode[0] = "sampled"
+            rs.rejection_sample_triton(drafts, cu, torch.empty(B * k, V), target_probs,
+                                       torch.zeros(B, dtype=torch.bool), k, noise_u, noise_e)
+            mode[0] = "greedy"  # all-greedy: no q, placeholder noise
+            rs.rejection_sample_triton(drafts, cu, None, target_probs, torch.ones(B, dtype=torch.bool), k,
+                                       torch.zeros(1, dtype=torch.float64), torch.ones(1, 1))
+            mode[0] = "typical"
+            ta.typical_accept_triton(drafts, cu, target_probs, k, 0.09, 0.3, noise_e)
+    seen = {}
+    for (mode_, kernel), keys in logs.items():
+        seen.setdefault(kernel, set()).add(mode_)
+        assert len(set(keys)) == 1, (mode_, kernel, set(keys))
+    assert seen["_rejection_sample_split_kernel"] == {"greedy", "sampled"}
+    if target > 8:  # off-GPU, 8 kv heads alone fill the 8-program target: no split KV
+        assert seen["_combine_kv_splits_kernel"] == {"decode", "verify"}
+    else:
+        assert seen["_rejection_sample_kernel"] == {"greedy", "sampled"}
+        assert seen["_typical_accept_kernel"] == {"typical"}
