@@ -24,6 +24,7 @@ from transformers import PreTrainedModel, StoppingCriteriaList, StopStringCriter
 from .arguments import as_spec_config, check_tokenizers
 from .config import SpecConfig
 from .generate import speculative_generate
+from .kernels.triton_startup import start_triton_startup
 
 
 def enable(model: PreTrainedModel) -> PreTrainedModel:
@@ -51,6 +52,7 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
 
     generate._hf_specdec_enabled = True
     model.generate = generate
+    start_triton_startup(model.device)  # beside the user's next steps (loading a draft), not in the first call
     return model
 
 
