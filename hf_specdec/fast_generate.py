@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -28,124 +29,170 @@ from .fast_rows import FastRows
 from .history_groups import stop_hits
 from .logits import LogitsPipeline
 from .metrics import SpecMetrics, StageTimer
-from .runner import RoundSpec, SpecRunner, bucket_for
+from .runner import RoundSpec, RowAtSync, SpecRunner, bucket_for
 from .strategies.speculation_length import SpeculationLength
+
+
+@dataclass
+class LaunchedRound:
+    """A round started on the device and not read yet."""
+    k: int
+    bucket: int
+    started: float  # perf_counter at its launch
+    warmup_before: float  # the runner's warm-up seconds then: a capture inside makes the round's time unclean
+    caught_up: bool  # the draft read missed tokens first (not a clean timing either)
 
 
 def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: LogitsPipeline,
              committer: Committer, eos_ids: list[int], metrics: SpecMetrics, timer: StageTimer,
              admission: Admission, policy: SpeculationLength) -> None:
-    waves = FastRows(runner, batch, admission, spec, logits, committer, timer)
-    if policy.expects_no_drafts:
-        runner.defer_draft()  # the draft reads the prompts only if a round drafts
-    rows = waves.start()  # prefill and first token of every row the cache budget holds
-    if not rows:
-        return
-    runner.load(rows, eos_ids)
-    criteria = committer.criteria
-    captured = set()
-    generated = {r: batch.gen_len[r] for r in rows}
+    CallLoop(runner, batch, spec, FastRows(runner, batch, admission, spec, logits, committer, timer),
+             committer.criteria, eos_ids, metrics, admission, policy).run()
 
-    def launch(live_rows: list[int], remaining: list[int]) -> tuple:
-        """Choose a round's k and start the round in the current bucket (graph replays return before the
-        device is done). Called with the device idle (after a sync), so a bucket's first round may capture."""
-        bucket = runner.state.size
-        if policy.adaptive and bucket not in captured:
+
+class CallLoop:
+    """One call's rounds on the runner. ``rows[i]``: the batch row in bucket row i (None once it left)."""
+
+    def __init__(self, runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, waves: FastRows, criteria,
+                 eos_ids: list[int], metrics: SpecMetrics, admission: Admission, policy: SpeculationLength):
+        self.runner, self.batch, self.spec, self.waves, self.criteria = runner, batch, spec, waves, criteria
+        self.eos_ids, self.metrics, self.admission, self.policy = eos_ids, metrics, admission, policy
+        self.rows: list = []
+        self.generated: dict[int, int] = {}  # batch row -> new tokens, as of the last sync
+        self.priced: set[int] = set()  # buckets whose graphs the adaptive policy has timed
+        self.verdicts: Optional[tuple] = None  # the last round's, for the policy once the next one is launched
+        self._ahead_rows: tuple = ([], [])  # (live rows, tokens left each) of the round launched ahead
+
+    def run(self) -> None:
+        if self.policy.expects_no_drafts:
+            self.runner.defer_draft()  # the draft reads the prompts only if a round drafts
+        self.rows = self.waves.start()  # prefill and first token of every row the cache budget holds
+        if not self.rows:
+            return
+        self.runner.load(self.rows, self.eos_ids)
+        self.generated = {r: self.batch.gen_len[r] for r in self.rows}
+        ahead = None  # a round started before the last one's bookkeeping, which ran while the device worked
+        while True:
+            launched = ahead or self._launch_after_sync()
+            sync = self.runner.read()  # the round's one sync (of the current bucket: a move to a smaller one follows)
+            seconds = time.perf_counter() - launched.started
+            clean = self.runner.warmup_seconds == launched.warmup_before and not launched.caught_up  # no capture
+            live = [(r, row) for r, row in zip(self.rows, sync) if r is not None]
+            ahead = self._launch_ahead(live)
+            self._account(launched, seconds, clean, live, ahead)
+            if self.criteria:
+                self._apply_host_criteria(sync)
+            still = self._retire_finished(sync)
+            joined = self.waves.join(self.rows, still, sync, self.eos_ids)  # waiting rows start in freed blocks
+            if joined is not None:
+                self.policy.rows_joined()
+                self.rows = joined
+                self.generated.update((r, self.batch.gen_len[r]) for r in joined if r not in self.generated)
+                continue
+            if not still:
+                if self.verdicts is not None:
+                    self.policy.observe(*self.verdicts)  # the call's last (its acceptance: the next call's prior)
+                break
+            if bucket_for(len(still)) < self.runner.state.size:
+                # non_blocking: a plain copy to the device waits for the stream, i.e. for the round started ahead
+                self.runner.shrink(torch.tensor(still).to(self.batch.device, non_blocking=True))
+                self.rows = [self.rows[i] for i in still]
+        self.metrics.record_totals(**self.runner.statistics())
+        self.metrics.k_histogram = dict(sorted(self.policy.histogram.items()))
+
+    def _launch_after_sync(self) -> LaunchedRound:
+        """The next round, launched after the last one's bookkeeping (rows left or joined, or host criteria ran);
+        the last round's verdicts go to the policy once it is launched."""
+        live_rows = [r for r in self.rows if r is not None]
+        remaining = [self.batch.max_new_tokens - self.generated.get(r, 0) for r in live_rows]
+        launched = self._launch(live_rows, remaining)
+        if self.verdicts is not None:
+            self._learn(launched.bucket, live_rows, remaining)
+        return launched
+
+    def _launch_ahead(self, live: list) -> Optional[LaunchedRound]:
+        """The next round right after the sync, in this bucket, when no host work must come first: rows that just
+        finished are done on the device (their results are not kept; the blocks they write go to no other row,
+        since none waits). This sync's bookkeeping then runs on the host while the device computes."""
+        running = [(r, row) for r, row in live if not row.done]
+        if not running or self.criteria or self.admission.waiting:
+            return None
+        self._ahead_rows = ([r for r, _ in running], [self.batch.max_new_tokens - row.generated for _, row in running])
+        return self._launch(*self._ahead_rows)
+
+    def _launch(self, live_rows: list[int], remaining: list[int]) -> LaunchedRound:
+        """Choose a round's k and start it (graph replays return before the device is done). Called with the device
+        idle or one round ahead, so a bucket's first round may capture."""
+        runner, policy, bucket = self.runner, self.policy, self.runner.state.size
+        if policy.adaptive and bucket not in self.priced:
             # the two ends price every k between them (round_costs.py's line), timed clean; another k's graphs are
             # captured when the policy first picks it (that round is not timed), so warm-up does not grow with k
-            ends = sorted({0, spec.k})
+            ends = sorted({0, self.spec.k})
             runner.capture(ends)
             if runner.key.graphs and not policy.has_costs(bucket):
                 for k, seconds in runner.time_rounds(ends).items():
                     for sample in seconds:
                         policy.record_cost(bucket, k, sample)
-            captured.add(bucket)
+            self.priced.add(bucket)
         k = policy.choose(bucket, live_rows, remaining)
-        warm, start = runner.warmup_seconds, time.perf_counter()
-        return k, start, warm, runner.round(k), bucket
+        warm, started = runner.warmup_seconds, time.perf_counter()
+        return LaunchedRound(k, bucket, started, warm, runner.round(k))
 
-    def learn(verdicts: tuple, bucket: int, live_rows: list[int], remaining: list[int]) -> None:
+    def _account(self, launched: LaunchedRound, seconds: float, clean: bool, live: list,
+                 ahead: Optional[LaunchedRound]) -> None:
+        """Round time and count; the policy's verdicts (learned now if a round runs ahead, else after the next
+        launch; a round with a capture, compile or catch-up inside is no timing); each live row's generated
+        tokens."""
+        self.metrics.round_seconds += seconds
+        self.metrics.num_rounds += 1
+        if self.policy.adaptive:
+            self.verdicts = (launched.bucket, launched.k, seconds if clean else None,
+                             [(r, row.accepted, row.drafted) for r, row in live])
+            if ahead is not None:  # the device is busy: learn now
+                self._learn(launched.bucket, *self._ahead_rows)
+        self.generated.update((r, row.generated) for r, row in live)
+
+    def _learn(self, bucket: int, live_rows: list[int], remaining: list[int]) -> None:
         """With a round running on the device: the policy takes the last round's verdicts and prepares the
         decision after the one just launched."""
-        policy.observe(*verdicts)
-        policy.prepare(bucket, live_rows, remaining)
+        self.policy.observe(*self.verdicts)
+        self.policy.prepare(bucket, live_rows, remaining)
+        self.verdicts = None
 
-    ahead = None  # a round started before the previous round's bookkeeping, which ran while the device worked
-    verdicts = None  # a round's verdicts for the policy, observed once the next round is launched
-    while True:
-        if ahead is None:
-            live_rows = [r for r in rows if r is not None]
-            remaining = [batch.max_new_tokens - generated.get(r, 0) for r in live_rows]
-            ahead = launch(live_rows, remaining)
-            if verdicts is not None:  # no round started ahead (rows wait to join, or host criteria): the last
-                learn(verdicts, ahead[4], live_rows, remaining)  # verdicts waited for this launch
-                verdicts = None
-        k, start, warm, caught_up, bucket = ahead
-        host = runner.read()  # the round's one sync (of the current bucket: a move to a smaller one came after it)
-        seconds = time.perf_counter() - start
-        clean = runner.warmup_seconds == warm and not caught_up  # no capture, compile or catch-up inside
-        metrics.round_seconds += seconds
-        metrics.num_rounds += 1
-        live_host = [(r, h) for r, h in zip(rows, host) if r is not None]
-        running = [(r, h) for r, h in live_host if not h[0]]
-        ahead = None
-        if running and not criteria and not admission.waiting:
-            # the next round starts now, in this bucket: rows that just finished are done on the device (their
-            # results are not kept, and the blocks they write go to no other row: none waits for them). This
-            # sync's bookkeeping (the policy's, finished rows leaving, a move to a smaller bucket) runs on the
-            # host while the device computes it, and the move follows that round on the device.
-            ahead_rows = ([r for r, _ in running], [batch.max_new_tokens - h[1] for _, h in running])
-            ahead = launch(*ahead_rows)
-        if policy.adaptive:
-            verdicts = (bucket, k, seconds if clean else None, [(r, h[3], h[4]) for r, h in live_host])
-            if ahead is not None:  # the device is busy: learn now
-                learn(verdicts, bucket, *ahead_rows)
-                verdicts = None
-        generated.update((r, h[1]) for r, h in live_host)
-        if criteria:
-            cuts = host_criteria(runner, criteria, batch.prompt_width, host)
-            if cuts:
-                runner.stop_rows(cuts)
-                for i, n in cuts.items():
-                    host[i][0], host[i][1] = 1, host[i][1] - host[i][2] + n
-        live = []
-        for i, (done, gen, *_) in enumerate(host):
-            if i < len(rows) and rows[i] is not None:
-                if done:
-                    runner.store(i, rows[i], gen)  # after a round started ahead: its writes past the row's end
-                    waves.finish([rows[i]])  # are cut by SequenceBatch.sequences
-                    rows[i] = None
-                else:
-                    live.append(i)
-        joined = waves.join(rows, live, host, eos_ids)  # waiting rows start in the blocks freed (none ran ahead)
-        if joined is not None:
-            policy.rows_joined()
-            rows = joined
-            generated.update((r, batch.gen_len[r]) for r in rows if r not in generated)
-            continue
-        if not live:
-            if verdicts is not None:
-                policy.observe(*verdicts)  # the call's last verdicts (its acceptance goes to the next call's prior)
-            break
-        if bucket_for(len(live)) < runner.state.size:
-            # non_blocking: a plain copy to the device waits for the stream, i.e. for the round started ahead
-            runner.shrink(torch.tensor(live).to(batch.device, non_blocking=True))
-            rows = [rows[i] for i in live]
-    metrics.record_totals(**runner.statistics())
-    metrics.k_histogram = dict(sorted(policy.histogram.items()))
+    def _apply_host_criteria(self, sync: list[RowAtSync]) -> None:
+        cuts = host_criteria(self.runner, self.criteria, self.batch.prompt_width, sync)
+        if cuts:
+            self.runner.stop_rows(cuts)
+            for i, n in cuts.items():
+                sync[i].done, sync[i].generated = True, sync[i].generated - sync[i].kept + n
+
+    def _retire_finished(self, sync: list[RowAtSync]) -> list[int]:
+        """Finished rows go back to the batch (after a round started ahead: its writes past a row's end are cut by
+        SequenceBatch.sequences) and free their blocks; returns the bucket rows still running."""
+        still = []
+        for i, (row, at) in enumerate(zip(self.rows, sync)):
+            if row is None:
+                continue
+            if at.done:
+                self.runner.store(i, row, at.generated)
+                self.waves.finish([row])
+                self.rows[i] = None
+            else:
+                still.append(i)
+        return still
 
 
 def host_criteria(runner: SpecRunner, criteria: StoppingCriteriaList, prompt_width: int,
-                  host: list[list[int]]) -> dict[int, int]:
+                  sync: list[RowAtSync]) -> dict[int, int]:
     """Bucket row -> tokens kept of its last run, for rows a criterion stopped. Each criterion sees
     the ``input_ids`` plain generate would pass after each committed token (grouped by length)."""
     s = runner.state
     k1 = s.scores.shape[0] // s.size
     cuts: dict[int, int] = {}
-    for j in range(max((h[2] for h in host), default=0)):
-        live = [i for i, (done, gen, keep, *_) in enumerate(host) if j < keep and i not in cuts]
+    for j in range(max((row.kept for row in sync), default=0)):
+        live = [i for i, row in enumerate(sync) if j < row.kept and i not in cuts]
         scores = s.scores[torch.tensor(live, dtype=torch.long, device=s.hist.device) * k1 + j]
-        lengths = [prompt_width + host[i][1] - host[i][2] + j + 1 for i in live]
+        lengths = [prompt_width + sync[i].generated - sync[i].kept + j + 1 for i in live]
         hits = stop_hits(criteria, s.hist, live, lengths, scores)
         cuts.update({i: j + 1 for i, h in zip(live, hits) if h})
     return cuts

@@ -14,7 +14,7 @@ from .batch_state import SequenceBatch
 from .commit import Committer
 from .logits import LogitsPipeline
 from .metrics import StageTimer
-from .runner import RoundSpec, SpecRunner
+from .runner import RoundSpec, RowAtSync, SpecRunner
 from .runner.row_blocks import free_rows, rejoin, reserve_rows
 from .sampling import choose_tokens
 
@@ -38,16 +38,16 @@ class FastRows:
             free_rows(self.runner, rows)
             self.admission.release(rows)
 
-    def join(self, rows: list, live: list[int], host: list[list[int]], eos_ids: list[int]) -> Optional[list[int]]:
+    def join(self, rows: list, live: list[int], sync: list[RowAtSync], eos_ids: list[int]) -> Optional[list[int]]:
         """After a sync (``rows``: the batch row of each bucket row, ``live``: bucket rows still running,
-        ``host``: [done, gen, ...] per bucket row): start the waiting rows that fit now and rebuild the
+        ``sync``: each bucket row as the round left it): start the waiting rows that fit now and rebuild the
         bucket with the survivors and them. Returns the new batch row of each bucket row, or None when
         no row started."""
         new = self.start()
         if not new:
             return None
         live_rows = [rows[i] for i in live]
-        rejoin(self.runner, live, live_rows, [host[i][1] for i in live], new, eos_ids)
+        rejoin(self.runner, live, live_rows, [sync[i].generated for i in live], new, eos_ids)
         return live_rows + new
 
     def _start(self, rows: list[int]) -> list[int]:

@@ -40,6 +40,16 @@ STAT_FIELDS = ("stat_rows", "stat_drafts", "stat_draft_tokens", "stat_accepted",
 
 
 @dataclass
+class RowAtSync:
+    """One bucket row as a round's sync reads it (``SpecRunner.read``)."""
+    done: bool
+    generated: int  # new tokens so far
+    kept: int  # tokens the round committed
+    accepted: int  # drafts accepted
+    drafted: int  # drafts proposed
+
+
+@dataclass
 class BucketState:
     hist: torch.Tensor
     pads: torch.Tensor

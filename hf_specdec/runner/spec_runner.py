@@ -22,7 +22,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..cache import PagedKVCache, blocks_for, input_device, paged_forward
-from .bucket_state import MAX_EOS_IDS, BucketState, bucket_for
+from .bucket_state import MAX_EOS_IDS, BucketState, RowAtSync, bucket_for
 from .background_compile import BackgroundCompile, compile_job
 from .fixed_round import RoundSpec, catch_up_draft, propose, propose_ngram, verify_and_commit
 from .graphs import StageGraph
@@ -284,10 +284,11 @@ class SpecRunner:
         return sum(t.numel() * t.element_size() for cache in self.caches.values()
                    for pools in (cache.key_pools, cache.value_pools) for t in pools.values())
 
-    def read(self) -> list[list[int]]:
-        """The round's one host synchronisation: per bucket row [done, gen, keep, accepted, count]."""
+    def read(self) -> list[RowAtSync]:
+        """The round's one host synchronisation: each bucket row as the round left it."""
         s = self.state
-        return torch.stack([s.done.long(), s.gen, s.keep, s.accepted, s.counts], dim=1).tolist()
+        return [RowAtSync(bool(d), *rest) for d, *rest in
+                torch.stack([s.done.long(), s.gen, s.keep, s.accepted, s.counts], dim=1).tolist()]
 
     def store(self, index: int, row: int, gen: int) -> None:
         """Bucket row ``index`` (finished) goes back to the call's ``SequenceBatch`` row ``row``."""
