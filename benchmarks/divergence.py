@@ -5,8 +5,8 @@ computations of the same logits (another batch shape, another attention kernel, 
 round differently, and where the target's two best tokens are that close, argmax can pick either:
 Hugging Face's own static-cache + compile path diverges from its eager path for that reason. So for
 every greedy row that differs from plain eager greedy, this finds the first divergent position t
-(plain chose token a, the other run b) and re-scores the common prefix (the prompt and the t tokens
-both agree on) with the target twice:
+(plain chose token a, the other method token b) and re-scores the common prefix (the prompt and the
+t tokens both agree on) with the target twice:
 
   plain   the model's own forward (Hugging Face attention, no cache): plain generate's arithmetic
   paged   hf_specdec's paged forward of the same prefix (the eager path's prefill, output_logits)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Where a fast-path call spends its time on the host, configuration by configuration.
 
-Issue 12's b = 32 runs (H200, runs M and N) found adaptive calls 4-10 ms a call slower than fixed k
+Issue 12's b = 32 benchmarks (H200, bf16) found adaptive calls 4-10 ms a call slower than fixed k
 outside their rounds (``decode_seconds - round_seconds``), erratically, while their rounds were as
 fast or faster. This tool wraps the runner's, the policy's and the rows' methods with timers (the
 library is not changed), runs each configuration's calls interleaved after two warm-up sweeps, and

@@ -154,7 +154,7 @@ class Runner:
         for p in range(self.args.passes):
             if p and self._late():
                 break
-            order = random.Random(p).sample(live, len(live))  # rows timed later in a pass ran slower (run N)
+            order = random.Random(p).sample(live, len(live))  # rows timed later in a pass ran slower (H200, b = 32)
             self._each(order, self._timed_pass, timed=True, live=live)
         for entry, _, work, _, passes in live:
             self._report(entry, passes, work)

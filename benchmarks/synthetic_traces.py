@@ -2,7 +2,7 @@
 """Synthetic agreement traces with a chosen acceptance shape, for ``policy_replay.py replay``.
 
 The policy models a row's drafts as accepted independently at one rate, so the tokens a round of
-k gives grow like ``a + a^2 + ... + a^k``. Run J's pair (fp32, H100) was far from that: of the
+k gives grow like ``a + a^2 + ... + a^k``. An H100 pair's fp32 texts were far from that: of the
 rounds' drafts, the 1st was accepted with 0.91, the 2nd given the 1st with 0.56, then 0.94, 0.94,
 0.36 (fixed k = 8's per-position counts), and the policy chose k = 3 where k = 4 was best. Its
 traces were not recorded; these reproduce the shape. Each text is a renewal process: after a
@@ -11,7 +11,7 @@ ones (the last hazard repeats), then a disagreement. A round that starts after a
 round after one that rejected a draft) accepts its j-th draft with exactly that hazard. The round
 costs are copied from a traces file or a strategies result (``policy_replay.costs_of``).
 
-    python benchmarks/synthetic_traces.py --costs benchmarks/results/...-policy-traces-run-g.json \\
+    python benchmarks/synthetic_traces.py --costs benchmarks/results/2026-11-23-h100-policy-traces-fp32.json \\
         --out /tmp/synthetic.json
     python benchmarks/policy_replay.py replay --traces /tmp/synthetic.json --batch 1
 """
@@ -27,24 +27,25 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.policy_replay import costs_of  # noqa: E402
 
-RUN_J_HAZARDS = (0.91, 0.56, 0.94, 0.94, 0.36, 0.5)
-# run K (H200, bf16): with a row's log-odds moved by 0.8 * N(0, 1) (``--logit-spread``), fixed k's rounds match
-# run K's within 4% at batch 32 (the slowest row of 32 per call: 92.5, 87, 84.5, 82.5, 80.5 ... for k = 1..8;
+H100_FP32_HAZARDS = (0.91, 0.56, 0.94, 0.94, 0.36, 0.5)
+# an H200 pair in bf16: with a row's log-odds moved by 0.8 * N(0, 1) (``--logit-spread``), fixed k's rounds match
+# that pair's within 4% at batch 32 (the slowest row of 32 per call: 92.5, 87, 84.5, 82.5, 80.5 ... for k = 1..8;
 # the mean row: 70, 51, 42, 37, 33, 31, 29, 28) and at batch 1; rows differ as much as HumanEval's texts did
-RUN_K_HAZARDS = (0.78, 0.82, 0.88, 0.92, 0.94)
-RUN_K_LOGIT_SPREAD = 0.8
+H200_HAZARDS = (0.78, 0.82, 0.88, 0.92, 0.94)
+H200_LOGIT_SPREAD = 0.8
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--costs", required=True, help="round costs: a traces file or a strategies result")
-    p.add_argument("--hazards", default=",".join(map(str, RUN_J_HAZARDS)),
+    p.add_argument("--hazards", default=",".join(map(str, H100_FP32_HAZARDS)),
                    help="acceptance of the j-th draft of a run given the earlier ones (the last repeats)")
     p.add_argument("--spread", type=float, default=0.0,
                    help="rows differ: row r's hazards are h ** exp(spread * N(0, 1)) (0: every row alike)")
     p.add_argument("--logit-spread", type=float, default=0.0,
-                   help="rows differ: row r's hazards move by logit-spread * N(0, 1) in log-odds (run K: 0.8)")
-    p.add_argument("--run-k", action="store_true", help="run K's shape: its hazards and --logit-spread 0.8")
+                   help="rows differ: row r's hazards move by logit-spread * N(0, 1) in log-odds (the H200 pair: 0.8)")
+    p.add_argument("--h200-shape", action="store_true",
+                   help="an H200 bf16 pair's shape: its hazards and --logit-spread 0.8")
     p.add_argument("--num-traces", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
@@ -97,8 +98,8 @@ def conditional_acceptance(bits: list[str], positions: int) -> np.ndarray:
 def main(argv=None):
     args = parse_args(argv)
     hazards = [float(x) for x in args.hazards.split(",")]
-    if args.run_k:
-        hazards, args.logit_spread = list(RUN_K_HAZARDS), RUN_K_LOGIT_SPREAD
+    if args.h200_shape:
+        hazards, args.logit_spread = list(H200_HAZARDS), H200_LOGIT_SPREAD
     report = synthetic_report(costs_of(args.costs), hazards, args.num_traces, args.new_tokens, args.spread,
                               args.seed, args.logit_spread)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -1,6 +1,6 @@
 """Commit: append each row's emitted run, cut at EOS / max_new_tokens / stopping criteria inside it.
 
-The run a row emits in a round (accepted drafts plus one token) is committed token by
+What a row emits in a round (a run of accepted drafts plus one token) is committed token by
 token as plain generate would have: a stop anywhere in the run discards the rest. EOS
 and the length limit are handled here; every other stopping criterion from Hugging
 Face's list (stop strings, max_time, the user's own) is called with the exact

@@ -53,15 +53,15 @@ def choice_at_a_calls_start(rows, spread):
     policy = SpeculationLength(8, True, "draft", memory, hold_rounds=2)
     for bucket in (1, 32):
         for k in range(9):
-            policy.record_cost(bucket, k, 1.0 + 0.17 * k)  # H200 run L's bucket-32 costs, relative to k = 0
+            policy.record_cost(bucket, k, 1.0 + 0.17 * k)  # an H200 pair's bucket-32 costs, relative to k = 0
     return policy.choose(32 if rows > 1 else 1, list(range(rows)), [127] * rows)
 
 
 def test_a_calls_start_is_decided_for_the_slowest_of_rows_that_differ():
-    """H200 run L: each call began with k = 7, right for a row at the batch's acceptance, while the slowest of
-    32 rows that differed (its best k 2-3) set the pace. Rows seen by nobody yet count as the slowest of 32
-    rows spread as the last call's were; one row alone, or rows alike, are taken at the prior."""
-    alone = choice_at_a_calls_start(1, 0.006)  # run L's calls ended with a spread of about 0.006 (sd 0.075)
+    """An H200 pair at batch 32, bf16: each call began with k = 7, right for a row at the batch's acceptance,
+    while the slowest of 32 rows that differed (its best k 2-3) set the pace. Rows seen by nobody yet count as
+    the slowest of 32 rows spread as the last call's were; one row alone, or rows alike, are taken at the prior."""
+    alone = choice_at_a_calls_start(1, 0.006)  # that pair's calls ended with a spread of about 0.006 (sd 0.075)
     assert alone == 5
     assert choice_at_a_calls_start(32, 0.0) == alone
     assert choice_at_a_calls_start(32, 0.006) == 3

@@ -1,5 +1,5 @@
-"""benchmarks/synthetic_traces.py: traces with a chosen acceptance shape, and the policy on run J's shape (far
-from geometric), where a + a^2 + ... + a^k chose k = 3 and fixed k = 4 was best."""
+"""benchmarks/synthetic_traces.py: traces with a chosen acceptance shape, and the policy on an H100 pair's shape
+(far from geometric), where a + a^2 + ... + a^k chose k = 3 and fixed k = 4 was best."""
 import json
 import os
 import sys
@@ -11,19 +11,19 @@ from hf_specdec.strategies.speculation_length import GRAPH_HOLD_ROUNDS, Speculat
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import policy_replay  # noqa: E402
-from benchmarks.synthetic_traces import RUN_J_HAZARDS, conditional_acceptance, main, synthetic_report  # noqa: E402
+from benchmarks.synthetic_traces import H100_FP32_HAZARDS, conditional_acceptance, main, synthetic_report  # noqa: E402
 
-# run G's fp32 round costs at batch 1 (ms; H100): k = 3 is cheaper than k = 2
+# an H100 pair's fp32 round costs at batch 1 (ms): k = 3 is cheaper than k = 2
 FP32_B1_MS = {"1": {"0": 1.489, "1": 2.368, "2": 3.579, "3": 2.866, "4": 3.304, "5": 3.697, "6": 4.666, "7": 4.923,
                     "8": 5.11}}
 
 
 def test_traces_follow_the_hazards():
-    report = synthetic_report(FP32_B1_MS, RUN_J_HAZARDS, num_traces=200, new_tokens=128, seed=1)
+    report = synthetic_report(FP32_B1_MS, H100_FP32_HAZARDS, num_traces=200, new_tokens=128, seed=1)
     texts = [t["draft"] for t in report["traces"]]
     assert all(len(t) == 128 for t in texts) and report["traces"][0]["useless"] == "0" * 128
-    seen = conditional_acceptance(texts, len(RUN_J_HAZARDS))
-    assert np.abs(seen - np.array(RUN_J_HAZARDS)).max() < 0.05, seen
+    seen = conditional_acceptance(texts, len(H100_FP32_HAZARDS))
+    assert np.abs(seen - np.array(H100_FP32_HAZARDS)).max() < 0.05, seen
 
 
 def replayed(runs, k, adaptive, memory, passes=1):
@@ -39,10 +39,10 @@ def replayed(runs, k, adaptive, memory, passes=1):
     return seconds, histogram
 
 
-def test_on_run_j_shape_the_policy_takes_the_fastest_k():
+def test_on_the_h100_shape_the_policy_takes_the_fastest_k():
     """Drafts 2 and 5 of a run are hard: k = 4 emits the 5th token free (the target's) and gives more tokens
     per second than k = 3, which geometric acceptance preferred (0.93 of the best fixed k replayed)."""
-    report = synthetic_report(FP32_B1_MS, RUN_J_HAZARDS, num_traces=32, new_tokens=128, seed=2)
+    report = synthetic_report(FP32_B1_MS, H100_FP32_HAZARDS, num_traces=32, new_tokens=128, seed=2)
     runs = [policy_replay.runs_of_agreement(t["draft"]) for t in report["traces"]]
     fixed = {k: replayed(runs, k, False, {})[0] for k in range(1, 9)}
     best = min(fixed, key=fixed.get)
@@ -61,12 +61,12 @@ def test_the_script_writes_a_report_the_replay_reads(tmp_path):
     assert set(result["results"]) == {f"fixed k={k}" for k in range(9)} | {"adaptive"}
 
 
-def test_run_k_shape_matches_its_fixed_k_rounds(tmp_path):
-    """Run K's shape (rows' log-odds spread 0.8): the slowest of 32 rows needs about run K's fixed-k rounds
+def test_h200_shape_matches_its_fixed_k_rounds(tmp_path):
+    """The H200 bf16 pair's shape (rows' log-odds spread 0.8): the slowest of 32 rows needs about its fixed-k rounds
     (92.5 at k = 1, 80.5 at k = 8 per call), the mean row about its mean (70 and 28)."""
-    from benchmarks.synthetic_traces import RUN_K_HAZARDS, RUN_K_LOGIT_SPREAD
-    report = synthetic_report({"1": {"0": 1.0}}, RUN_K_HAZARDS, num_traces=64, new_tokens=128, seed=0,
-                              logit_spread=RUN_K_LOGIT_SPREAD)
+    from benchmarks.synthetic_traces import H200_HAZARDS, H200_LOGIT_SPREAD
+    report = synthetic_report({"1": {"0": 1.0}}, H200_HAZARDS, num_traces=64, new_tokens=128, seed=0,
+                              logit_spread=H200_LOGIT_SPREAD)
     runs = [policy_replay.runs_of_agreement(t["draft"]) for t in report["traces"]]
 
     def rounds(run, k):

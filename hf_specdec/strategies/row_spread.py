@@ -4,9 +4,9 @@ A call ends when its slowest row ends, so the policy decides for that row. At a 
 has drafted and every row's estimate is the batch's prior, yet the slowest of n rows is an extreme:
 where rows' rates spread with variance ``tau^2``, the slowest of n alike-looking rows lies about
 ``z_n * tau`` below the prior, ``z_n`` the normal quantile of n / (n + 1) (0 at batch 1, 1.86 at 32).
-Without it each call of H200 run L (b = 32) began with k = 7, right for the average row: two rounds at
-1.7x the cost of the k = 2-3 the slowest rows wanted. Replayed on run L's recorded texts the policy went
-from 0.965 to 0.991 of the best fixed k (bf16) and 0.977 to 1.010 (fp32), run G's 1.003 to 1.008.
+Without it each call of an H200 pair at b = 32 (bf16) began with k = 7, right for the average row: two rounds
+at 1.7x the cost of the k = 2-3 the slowest rows wanted. Replayed on that pair's recorded texts the policy went
+from 0.965 to 0.991 of the best fixed k (bf16) and 0.977 to 1.010 (fp32), on an H100 pair's from 1.003 to 1.008.
 
 ``tau^2`` is read from the rows with enough drafts: the variance of their rates beyond what their
 counts explain (a beta-binomial's method of moments), with each row's sampling variance taken from

@@ -9,7 +9,7 @@ n-gram row finding a match with probability ``m``) emits per round
     E_row(k) = 1 + m * (E[L + 1] / E[ceil((L + 1) / (k + 1))] - 1)   (at most its remaining tokens)
 
 tokens; with one acceptance rate a for every draft (L geometric) that is 1 + m(a + ... + a^k).
-On an H100 pair (run J) it was not: the 2nd and 5th tokens of a run agreed with 0.56 and 0.36,
+On an H100 pair (fp32) it was not: the 2nd and 5th tokens of a run agreed with 0.56 and 0.36,
 the others with 0.91-0.94, and k = 4 (whose 5th token is the free one) gave 28% more tokens per
 round than k = 3 where a + ... + a^k expected 12-14%. A round costs ``c(B, k)`` seconds for the
 whole bucket of B rows (draft steps plus a verify of k+1 tokens per row; k = 0 is a plain
@@ -29,7 +29,7 @@ slowest set the pace).
   leans on d_(j-1), or on 0 if higher, and a mean of the d_j below 0 is dropped: a position the
   rounds no longer reach is not judged worse than the one before (a longer round gets tried), and
   a row is not judged below its own rate, where rounds of k = 0 would bring no verdicts to undo
-  it. Replayed on traces of run J's shape (``benchmarks/synthetic_traces.py``) at batch 1 this
+  it. Replayed on traces of that pair's shape (``benchmarks/synthetic_traces.py``) at batch 1 this
   reached 0.98-1.00 of the best fixed k, where ``a + ... + a^k`` reached 0.91-0.97.
 * ``a`` per row: decayed counts of accepted / rejected drafts (a run that stops before the
   row's count is one rejection) on two memories. The short one (about five rounds) follows
@@ -324,8 +324,8 @@ def _fits(made_for: tuple, shape: tuple) -> bool:
     """A decision made for (bucket, live rows) serves this one: no larger a bucket and no more live rows (rows
     that finished leave the bottleneck row where it was). At batch 32 rows leave at about a third of the
     syncs, and deciding afresh there put the policy's host work between the sync and the next launch
-    (H200 run K: about 80 us a round that ``prepare`` did not hide). A smaller bucket prices the k
+    (H200, bf16: about 80 us a round that ``prepare`` did not hide). A smaller bucket prices the k
     differently, but only for the rounds the decision still stands: the next one, prepared while the
-    device works, is the new bucket's (H200 run O: deciding at each of a b = 32 call's five moves to a
+    device works, is the new bucket's (H200: deciding at each of a b = 32 call's five moves to a
     smaller bucket took 0.27 ms of the host between a sync and the next launch)."""
     return shape[0] <= made_for[0] and shape[1] <= made_for[1]
