@@ -9,7 +9,8 @@
                and the host's bookkeeping of the last one (policy, lengths) runs beside it,
                with the policy's decision for the round after (policy.prepare)
     criteria   stopping criteria that need the host (stop strings, max_time, the user's
-               own) run on the tokens just committed; a stop cuts the row on the device
+               own) run on the tokens just committed; a stop cuts the row on the device;
+               output_scores copies the verify's scores of those tokens (no round ahead then)
     shrink     finished rows go back to the call's buffer; waiting rows join in the blocks
                they freed, or the survivors move to a smaller bucket when they fit one
 """
@@ -47,15 +48,19 @@ def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: 
              committer: Committer, eos_ids: list[int], metrics: SpecMetrics, timer: StageTimer,
              admission: Admission, policy: SpeculationLength) -> None:
     CallLoop(runner, batch, spec, FastRows(runner, batch, admission, spec, logits, committer, timer),
-             committer.criteria, eos_ids, metrics, admission, policy).run()
+             committer, eos_ids, metrics, admission, policy).run()
 
 
 class CallLoop:
     """One call's rounds on the runner. ``rows[i]``: the batch row in bucket row i (None once it left)."""
 
-    def __init__(self, runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, waves: FastRows, criteria,
-                 eos_ids: list[int], metrics: SpecMetrics, admission: Admission, policy: SpeculationLength):
-        self.runner, self.batch, self.spec, self.waves, self.criteria = runner, batch, spec, waves, criteria
+    def __init__(self, runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, waves: FastRows,
+                 committer: Committer, eos_ids: list[int], metrics: SpecMetrics, admission: Admission,
+                 policy: SpeculationLength):
+        self.runner, self.batch, self.spec, self.waves, self.committer = runner, batch, spec, waves, committer
+        self.criteria = committer.criteria
+        # host work on each sync's tokens: no round may start ahead (it would rewrite the scores read here)
+        self.host_reads = bool(self.criteria) or committer.keep_scores
         self.eos_ids, self.metrics, self.admission, self.policy = eos_ids, metrics, admission, policy
         self.rows: list = []
         self.generated: dict[int, int] = {}  # batch row -> new tokens, as of the last sync
@@ -82,6 +87,8 @@ class CallLoop:
             self._account(launched, seconds, clean, live, ahead)
             if self.criteria:
                 self._apply_host_criteria(sync)
+            if self.committer.keep_scores:
+                self._keep_scores(sync)
             still = self._retire_finished(sync)
             joined = self.waves.join(self.rows, still, sync, self.eos_ids)  # waiting rows start in freed blocks
             if joined is not None:
@@ -115,7 +122,7 @@ class CallLoop:
         finished are done on the device (their results are not kept; the blocks they write go to no other row,
         since none waits). This sync's bookkeeping then runs on the host while the device computes."""
         running = [(r, row) for r, row in live if not row.done]
-        if not running or self.criteria or self.admission.waiting:
+        if not running or self.host_reads or self.admission.waiting:
             return None
         self._ahead_rows = ([r for r, _ in running], [self.batch.max_new_tokens - row.generated for _, row in running])
         return self._launch(*self._ahead_rows)
@@ -164,7 +171,19 @@ class CallLoop:
         if cuts:
             self.runner.stop_rows(cuts)
             for i, n in cuts.items():
-                sync[i].done, sync[i].generated = True, sync[i].generated - sync[i].kept + n
+                sync[i].done, sync[i].generated, sync[i].kept = True, sync[i].generated - sync[i].kept + n, n
+
+    def _keep_scores(self, sync: list[RowAtSync]) -> None:
+        """``output_scores``: the processed scores of each token this round committed, from the verify's own (the
+        values plain ``generate()`` returns), copied out of the graph's memory in one gather."""
+        scores = self.runner.state.scores
+        per_row = scores.shape[0] // self.runner.state.size
+        kept = [(self.rows[i], i * per_row + j) for i, at in enumerate(sync[: len(self.rows)])
+                if self.rows[i] is not None for j in range(at.kept)]
+        if kept:
+            picked = scores[torch.tensor([at for _, at in kept], device=scores.device)]
+            for (row, _), row_scores in zip(kept, picked):
+                self.committer.scores[row].append(row_scores)
 
     def _retire_finished(self, sync: list[RowAtSync]) -> list[int]:
         """Finished rows go back to the batch (after a round started ahead: its writes past a row's end are cut by

@@ -110,6 +110,7 @@ def speculative_generate(
                      policy)
         policy.end_call(metrics)
         metrics.warmup_seconds = runner.warmup_seconds
+        add_padding_steps(model, batch, committer, logits, request.pad_token_id, request.vocab_size)  # output_scores
         return _finish(batch, request, generation_config, committer, metrics, start, group)
 
     target_cache, draft_cache = build_caches(model, draft, batch, spec_config)

@@ -62,8 +62,8 @@ def choose_path(spec: SpecConfig, device: torch.device, logits_processor, genera
 
 
 def _unsupported(generation_config, streamer, eos_ids: list[int]) -> Optional[str]:
-    if generation_config.output_scores or generation_config.output_logits:
-        return "output_scores / output_logits keep per-step tensors on the host"
+    if generation_config.output_logits:
+        return "output_logits keeps each step's raw logits, which the round's graphs do not keep"
     if streamer is not None:
         return "a streamer needs each token on the host"
     if len(eos_ids) > MAX_EOS_IDS:

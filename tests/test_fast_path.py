@@ -171,13 +171,32 @@ def test_unknown_processor_falls_back_to_eager_and_says_why(target):
     assert out.spec_metrics.fast_path.startswith("eager: ") and "ShiftLogits" in out.spec_metrics.fast_path
 
 
-def test_output_scores_fall_back_to_eager(target):
+@pytest.mark.parametrize("batch,k,cache_tokens", [(1, 3, None), (5, 2, None), (5, 3, 48)])
+def test_output_scores_run_on_the_runner_and_match_plain_generate(target, batch, k, cache_tokens):
+    """The verify's processed scores of every committed token, rows ending at different steps on an EOS (their
+    later steps padded as plain generate pads them), rows in waves under a small cache budget."""
+    ids, mask = left_padded_prompts(batch, seed=10)
+    plain = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=12, eos_token_id=None)
+    eos = int(plain[0, ids.shape[1] + 4])
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=12, eos_token_id=eos, pad_token_id=0,
+              output_scores=True, return_dict_in_generate=True, repetition_penalty=1.3)
+    expected = target.generate(**kw)
+    out = target.generate(**kw, assistant_model=make_draft(target, "mix"),
+                          spec_config=fast(num_speculative_tokens=k, cache_tokens=cache_tokens))
+    assert out.spec_metrics.fast_path == "bucketed"
+    assert torch.equal(out.sequences, expected.sequences)
+    assert len(out.scores) == len(expected.scores)
+    for step, (ours, theirs) in enumerate(zip(out.scores, expected.scores)):
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4, msg=lambda m: f"step {step}: {m}")
+
+
+def test_output_logits_fall_back_to_eager(target):
     ids, mask = left_padded_prompts(2, seed=10)
-    out = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=5, output_scores=True,
+    out = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=5, output_logits=True,
                           return_dict_in_generate=True, assistant_model=make_draft(target, "mix"),
                           spec_config=fast(num_speculative_tokens=2))
-    assert out.spec_metrics.fast_path.startswith("eager: output_scores")
-    assert len(out.scores) == 5
+    assert out.spec_metrics.fast_path.startswith("eager: output_logits")
+    assert len(out.logits) == 5
 
 
 def test_cpu_defaults_to_eager_and_graph_switches_refuse_cpu(target):
@@ -224,3 +243,29 @@ def test_copies_of_a_model_do_not_copy_its_runners(target):
     assert len(target.__dict__["_hf_specdec_runners"]) >= 1
     clone = copy.deepcopy(target)
     assert len(clone.__dict__["_hf_specdec_runners"]) == 0
+
+
+def test_output_scores_with_a_stopping_criterion_that_cuts_inside_a_run(target):
+    """A user criterion stops a row in the middle of an accepted run: its scores end where its tokens end."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class StopAfterToken(StoppingCriteria):
+        def __init__(self, token):
+            self.token = token
+
+        def __call__(self, input_ids, scores, **kwargs):
+            return input_ids[:, -1] == self.token
+
+    ids, mask = left_padded_prompts(3, seed=9)
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=12, eos_token_id=2, pad_token_id=0,
+              output_scores=True, return_dict_in_generate=True)
+    plain = target.generate(**kw)
+    stop = StoppingCriteriaList([StopAfterToken(int(plain.sequences[1, ids.shape[1] + 3]))])
+    expected = target.generate(**kw, stopping_criteria=stop)
+    out = target.generate(**kw, stopping_criteria=stop, assistant_model=make_draft(target, "full"),
+                          spec_config=fast(num_speculative_tokens=4))
+    assert out.spec_metrics.fast_path == "bucketed"
+    assert torch.equal(out.sequences, expected.sequences)
+    assert len(out.scores) == len(expected.scores)
+    for ours, theirs in zip(out.scores, expected.scores):
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
