@@ -42,6 +42,8 @@ class LaunchedRound:
     started: float  # perf_counter at its launch
     warmup_before: float  # the runner's warm-up seconds then: a capture inside makes the round's time unclean
     caught_up: bool  # the draft read missed tokens first (not a clean timing either)
+    live_rows: list  # the batch rows it runs, and the tokens each has left: what the policy chose k for
+    remaining: list
 
 
 def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: LogitsPipeline,
@@ -66,7 +68,6 @@ class CallLoop:
         self.generated: dict[int, int] = {}  # batch row -> new tokens, as of the last sync
         self.priced: set[int] = set()  # buckets whose graphs the adaptive policy has timed
         self.verdicts: Optional[tuple] = None  # the last round's, for the policy once the next one is launched
-        self._ahead_rows: tuple = ([], [])  # (live rows, tokens left each) of the round launched ahead
 
     def run(self) -> None:
         if self.policy.expects_no_drafts:
@@ -111,10 +112,9 @@ class CallLoop:
         """The next round, launched after the last one's bookkeeping (rows left or joined, or host criteria ran);
         the last round's verdicts go to the policy once it is launched."""
         live_rows = [r for r in self.rows if r is not None]
-        remaining = [self.batch.max_new_tokens - self.generated.get(r, 0) for r in live_rows]
-        launched = self._launch(live_rows, remaining)
+        launched = self._launch(live_rows, [self.batch.max_new_tokens - self.generated.get(r, 0) for r in live_rows])
         if self.verdicts is not None:
-            self._learn(launched.bucket, live_rows, remaining)
+            self._learn(launched)
         return launched
 
     def _launch_ahead(self, live: list) -> Optional[LaunchedRound]:
@@ -124,8 +124,7 @@ class CallLoop:
         running = [(r, row) for r, row in live if not row.done]
         if not running or self.host_reads or self.admission.waiting:
             return None
-        self._ahead_rows = ([r for r, _ in running], [self.batch.max_new_tokens - row.generated for _, row in running])
-        return self._launch(*self._ahead_rows)
+        return self._launch([r for r, _ in running], [self.batch.max_new_tokens - row.generated for _, row in running])
 
     def _launch(self, live_rows: list[int], remaining: list[int]) -> LaunchedRound:
         """Choose a round's k and start it (graph replays return before the device is done). Called with the device
@@ -143,7 +142,7 @@ class CallLoop:
             self.priced.add(bucket)
         k = policy.choose(bucket, live_rows, remaining)
         warm, started = runner.warmup_seconds, time.perf_counter()
-        return LaunchedRound(k, bucket, started, warm, runner.round(k))
+        return LaunchedRound(k, bucket, started, warm, runner.round(k), live_rows, remaining)
 
     def _account(self, launched: LaunchedRound, seconds: float, clean: bool, live: list,
                  ahead: Optional[LaunchedRound]) -> None:
@@ -156,14 +155,14 @@ class CallLoop:
             self.verdicts = (launched.bucket, launched.k, seconds if clean else None,
                              [(r, row.accepted, row.drafted) for r, row in live])
             if ahead is not None:  # the device is busy: learn now
-                self._learn(launched.bucket, *self._ahead_rows)
+                self._learn(ahead)
         self.generated.update((r, row.generated) for r, row in live)
 
-    def _learn(self, bucket: int, live_rows: list[int], remaining: list[int]) -> None:
+    def _learn(self, running: LaunchedRound) -> None:
         """With a round running on the device: the policy takes the last round's verdicts and prepares the
-        decision after the one just launched."""
+        decision after the one just launched (``running``)."""
         self.policy.observe(*self.verdicts)
-        self.policy.prepare(bucket, live_rows, remaining)
+        self.policy.prepare(running.bucket, running.live_rows, running.remaining)
         self.verdicts = None
 
     def _apply_host_criteria(self, sync: list[RowAtSync]) -> None:
