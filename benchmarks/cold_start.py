@@ -341,8 +341,8 @@ def driver(args):
         report["rows"].append(row)
         elapsed = time.perf_counter() - t_start
         if method == "runner_plain_graphs" and not cuda:
-            row["skipped"] = ("needs CUDA: SpecConfig(compile=False) without CUDA graphs is the bucketed runner, "
-                              "as runner_plain runs on CPU")
+            row["skipped"] = ("needs CUDA: without CUDA graphs SpecConfig(compile=False) is runner_plain as it runs "
+                              "on CPU")
         elif elapsed > args.deadline_s:
             row["skipped"] = f"not started: {elapsed:.0f} s > --deadline-s {args.deadline_s:g}"
         if "skipped" in row:

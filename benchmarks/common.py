@@ -76,12 +76,12 @@ class Timer:
 
     def __enter__(self):
         sync(self.device)
-        self._t = time.perf_counter()
+        self.start = time.perf_counter()
         return self
 
     def __exit__(self, *exc):
         sync(self.device)
-        self.seconds = time.perf_counter() - self._t
+        self.seconds = time.perf_counter() - self.start
         return False
 
 
@@ -217,8 +217,8 @@ def expected_tokens_per_round(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-POLICY_MODULES = ("hf_specdec.generate", "hf_specdec.strategies.speculation_length",
-                  "hf_specdec.strategies.round_costs")
+POLICY_MODULES = ("hf_specdec.generate", "hf_specdec.round.policy.speculation_length",
+                  "hf_specdec.round.policy.round_costs")  # library internals: named here only
 
 
 @contextmanager

@@ -9,7 +9,7 @@ every greedy row that differs from plain eager greedy, this finds the first dive
 t tokens both agree on) with the target twice:
 
   plain   the model's own forward (Hugging Face attention, no cache): plain generate's arithmetic
-  paged   hf_specdec's paged forward of the same prefix (the eager path's prefill, output_logits)
+  paged   hf_specdec's paged forward of the same prefix (the runner's prefill, output_logits)
 
 For each it reports the top-2 margin and the gap ``logit[a] - logit[b]``, with the resolution of
 those logits: the spacing of the model dtype's numbers at their magnitude (one bf16 ulp).
@@ -56,13 +56,13 @@ def plain_logits(target, prefix: torch.Tensor) -> torch.Tensor:
 
 
 def paged_logits(target, draft, prefix: torch.Tensor) -> torch.Tensor:
-    """The same logits from hf_specdec's paged forward: the eager path's prefill (the draft is not run)."""
+    """The same logits from hf_specdec's paged forward: the runner's prefill (one new token: no round runs)."""
     import hf_specdec
 
     hf_specdec.enable(target)
     out = target.generate(input_ids=prefix[None], attention_mask=torch.ones_like(prefix)[None], assistant_model=draft,
                           max_new_tokens=1, do_sample=False, output_logits=True, return_dict_in_generate=True,
-                          spec_config=hf_specdec.SpecConfig(num_speculative_tokens=1, bucketed=False))
+                          spec_config=hf_specdec.SpecConfig(num_speculative_tokens=1))
     return out.logits[0][0]
 
 

@@ -7,9 +7,8 @@ One run, the same prompts and the same max_new_tokens for every method:
   plain_compiled  HF generate, cache_implementation="static" -> auto torch.compile (every batch size)
   hf_assisted     HF assisted generation, batch 1 only: the draft's default settings and
                   constant num_assistant_tokens (--assisted-sweep)
-  hf_specdec      "eager k=K": SpecConfig(k, bucketed=False), the ragged eager path (--no-spec-eager skips it)
-                  "fast k=K":  SpecConfig(k), the default: runner + CUDA graphs + compile on CUDA
-                  (on CPU it runs eager; --fast-bucketed forces the runner there)
+  hf_specdec      "fast k=K":  SpecConfig(k), the default: runner + CUDA graphs + compile on CUDA
+                  (on CPU the same runner without CUDA graphs)
   runner_plain    "k=0": SpecConfig(num_speculative_tokens=0), no draft: plain decoding on the same runner
 
 for greedy and sampling (temperature 1, top_k 0, top_p 1).  For each batch size b the prompts
@@ -17,8 +16,8 @@ are the first n_b of the pool (n_b = max(b, --min-prompts) rounded up to a multi
 left-padded to ONE length.  Each row: warm-up calls (not timed; rows on the runner also warm
 up every smaller bucket their rows shrink into), then --repeats timed passes over all batches;
 tokens/s = generated tokens (up to and including EOS) / wall time, median over passes.
-Rows run in the order the final summary needs them (plain_compiled; fast and k=0; eager
-speculative; plain_eager; hf_assisted); rows not started within --deadline-s are skipped.
+Rows run in the order the final summary needs them (plain_compiled; fast and k=0; plain_eager;
+hf_assisted); rows not started within --deadline-s are skipped.
 hf_specdec rows and stage costs: e2e_spec.py.  Greedy rows that differ from plain eager greedy:
 the first divergent position and both tokens' logits there, near-tie or not (divergence.py).
 Derived figures (ideal speedup, efficiency, bandwidth, time outside forwards), tables, summary and
@@ -26,7 +25,7 @@ JSON: e2e_report.py.  docs/evals.md, section 2.
 
 GPU:  python benchmarks/e2e.py --target runs/pair/target --draft runs/pair/draft --out $OUT/e2e.json
 CPU smoke: python benchmarks/e2e.py --build-tiny --batch-sizes 1,2 --max-new-tokens 16 --num-prompts 4 \\
-           --repeats 1 --fast-bucketed --out /tmp/e2e.json
+           --repeats 1 --out /tmp/e2e.json
 """
 
 from __future__ import annotations
@@ -77,9 +76,6 @@ def parse_args(argv=None):
                    help="auto-compile even on CPU (transformers compiles only on accelerators by default)")
     p.add_argument("--no-assisted", action="store_true")
     p.add_argument("--no-spec", action="store_true", help="skip hf_specdec and runner_plain")
-    p.add_argument("--no-spec-eager", action="store_true", help="skip the hf_specdec 'eager k=K' rows")
-    p.add_argument("--fast-bucketed", action="store_true",
-                   help="'fast' and 'k=0' rows force SpecConfig(bucketed=True): the runner without graphs on CPU")
     p.add_argument("--stage-repeats", type=int, default=50, help="replays per piece in time_stages (CUDA only)")
     p.add_argument("--deadline-s", type=float, default=520.0,
                    help="rows not started this many seconds after the start are skipped (0 = no deadline)")
@@ -344,9 +340,7 @@ def main(argv=None):
     ok, why = spec_available()
     report["hf_specdec"] = "skipped (--no-spec)" if args.no_spec else "ok" if ok else f"unavailable: {why}"
     if ok and not args.no_spec:
-        run_spec(bench, eager=False)
-        if not args.no_spec_eager:
-            run_spec(bench, eager=True)
+        run_spec(bench)
     elif not ok:
         print(f"[e2e] hf_specdec not available: {why}", flush=True)
     run_plain(bench, compiled=False)

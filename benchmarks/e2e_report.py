@@ -1,7 +1,6 @@
 """Derived numbers, tables, summary and JSON of benchmarks/e2e.py.
 
-For the rows that ran on the runner (hf_specdec "fast k=K", runner_plain "k=0") and, where the
-numbers exist, the eager speculative rows:
+For the rows of hf_specdec (hf_specdec "fast k=K", runner_plain "k=0"; all on the runner):
 
   round_ms          measured round time = decode_seconds / num_rounds over the timed calls
   bandwidth_gb_s    target weight bytes x target forwards per second (one verify forward a round)
@@ -221,10 +220,9 @@ def summary_row(res, b, mode, k):
     comp = find(res, "plain_compiled", b, mode) or {}
     plain0 = find(res, "runner_plain", b, mode) or {}
     fast = find(res, "hf_specdec", b, mode, f"fast k={k}") or {}
-    eager = find(res, "hf_specdec", b, mode, f"eager k={k}") or {}
     ratio = fast["tokens_per_s"] / comp["tokens_per_s"] if fast and comp else None
     cells = [(comp.get("tokens_per_s"), 10, 1), (fast.get("tokens_per_s"), 9, 1), (plain0.get("tokens_per_s"), 9, 1),
-             (eager.get("tokens_per_s"), 9, 1), (ratio, 9, 2), (fast.get("speedup_vs_runner_plain"), 9, 2),
+             (ratio, 9, 2), (fast.get("speedup_vs_runner_plain"), 9, 2),
              (fast.get("efficiency_vs_ideal"), 6, 2), (fast.get("acceptance_rate"), 7, 3),
              (fast.get("outside_forwards"), 8, 2), (fast.get("bandwidth_gb_s"), 10, 1),
              (plain0.get("bandwidth_gb_s"), 9, 1), (fast.get("warmup_seconds"), 10, 1)]
@@ -237,14 +235,14 @@ def summary_lines(report, modes):
     yield (f"== summary | {env['device_name']} | torch {env['torch']} | transformers {env['transformers']} | "
            f"{env['dtype']} | target {report['params']['target']/1e6:.1f}M params "
            f"({report['target_weight_bytes']/1e9:.2f} GB), draft {report['params']['draft']/1e6:.1f}M ==")
-    yield (f"{'b':>4} {'mode':<7}{'k':>3}{'compiled':>10}{'fast':>9}{'k=0':>9}{'spec eag':>9}{'fast/cmp':>9}"
+    yield (f"{'b':>4} {'mode':<7}{'k':>3}{'compiled':>10}{'fast':>9}{'k=0':>9}{'fast/cmp':>9}"
            f"{'fast/k=0':>9}{'eff':>6}{'acc':>7}{'outside':>8}{'GB/s fast':>10}{'GB/s k=0':>9}{'warm-up s':>10}  path")
     ks = sorted({r["k"] for r in res if r["method"] == "hf_specdec"}) or ["-"]
     for b in sorted({r["batch_size"] for r in res}):
         for mode in modes:
             for k in ks:
                 yield summary_row(res, b, mode, k)
-    yield "(tok/s: plain_compiled, hf_specdec fast, runner_plain k=0, hf_specdec eager; eff = (fast/k=0) / ideal)"
+    yield "(tok/s: plain_compiled, hf_specdec fast, runner_plain k=0; eff = (fast/k=0) / ideal)"
     yield from summary_notes(report)
 
 

@@ -1,17 +1,19 @@
-"""The hf_specdec rows of benchmarks/e2e.py: the eager path, the fast path, and k=0 on the runner.
+"""The hf_specdec rows of benchmarks/e2e.py: speculative decoding and k=0, both on the runner.
 
 Per (batch size, mode) and each k: "fast k=K" (SpecConfig(k): runner + CUDA graphs + compile on
-CUDA), then runner_plain "k=0" (no draft); in a later pass "eager k=K" (SpecConfig(k, bucketed=False)).
-Rows on the runner warm up every bucket their rows can shrink into, so the timed calls capture
-and compile nothing (their spec_metrics.warmup_seconds is reported: it should be 0). After a
-runner row's timed calls, time_stages measures the cost of each piece of a round at the row's
-first bucket (CUDA only), for the ideal speedup and the time outside forwards (e2e_report.py).
+CUDA, the runner without graphs on CPU), then runner_plain "k=0" (no draft). The rows warm up
+every bucket their rows can shrink into, so the timed calls capture and compile nothing (their
+spec_metrics.warmup_seconds is reported: it should be 0). After a row's timed calls,
+time_stages measures the cost of each piece of a round at the row's first bucket (CUDA only),
+for the ideal speedup and the time outside forwards (e2e_report.py).
 """
 from __future__ import annotations
 
 import traceback
 
 from benchmarks.common import acceptance_length_histogram, aggregate_metrics
+from hf_specdec.runner import BUCKETS, bucket_for, runner_for  # library internals: imported here only
+from hf_specdec.runner.stage_timing import time_stages
 
 
 def spec_fields(warm_metrics, timed_metrics, repeats, k):
@@ -35,15 +37,10 @@ def spec_fields(warm_metrics, timed_metrics, repeats, k):
     return out
 
 
-def stage_costs(target, draft, b, fast_path, device, repeats):
+def stage_costs(target, draft, b, device, repeats):
     """time_stages on the runner this row used, at the bucket of its first round (CUDA only)."""
     if device.type != "cuda":
         return {"stage_note": f"time_stages needs CUDA events: skipped on {device.type}"}
-    if "eager" in fast_path:
-        return {"stage_note": f"the row ran on the eager path ({fast_path}): no runner to time"}
-    from hf_specdec.runner import bucket_for, runner_for
-    from hf_specdec.runner.stage_timing import time_stages
-
     bucket = bucket_for(b)
     return {"stage_bucket": bucket, "stage_ms": time_stages(runner_for(target, draft), bucket, repeats)}
 
@@ -51,25 +48,21 @@ def stage_costs(target, draft, b, fast_path, device, repeats):
 def bucket_warmups(batch, b):
     """The first batch, then its first m rows for every bucket m below b's: rows finish at different
     rounds and move to smaller buckets, whose graphs are then captured here rather than in a timed call."""
-    from hf_specdec.runner import BUCKETS, bucket_for
-
     return [batch] + [(batch[0][:m], batch[1][:m]) for m in sorted(BUCKETS, reverse=True) if m < bucket_for(b)]
 
 
-def run_spec_row(bench, method, variant, b, mode, batches, spec_config, draft, time_pieces):
+def run_spec_row(bench, method, variant, b, mode, batches, spec_config, draft):
     k = spec_config.num_speculative_tokens
     kw = bench.gen_kwargs(mode)
-    # runner rows: every batch once too (each prompt's prefill shape is captured before the timed calls)
-    warm = batches[:1] if spec_config.bucketed is False else bucket_warmups(batches[0], b) + batches[1:]
-    settings = {name: getattr(spec_config, name) for name in ("num_speculative_tokens", "bucketed", "cuda_graphs",
-                                                               "compile")}
+    # every batch once too (each prompt's prefill shape is captured before the timed calls)
+    warm = bucket_warmups(batches[0], b) + batches[1:]
+    settings = {name: getattr(spec_config, name) for name in ("num_speculative_tokens", "cuda_graphs", "compile")}
     entry = bench.run(method, variant, b, mode,
                       lambda x: bench.generate(x, kw, assistant_model=draft, spec_config=spec_config),
                       batches, warm, extra={"k": k, "spec_config": settings}, k=k)
-    if time_pieces and entry.get("tokens_per_s"):
+    if entry.get("tokens_per_s"):
         try:  # after the row's timed calls: time_stages marks the bucket's rows done
-            entry.update(stage_costs(bench.target, draft, b, entry["fast_path"], bench.device,
-                                     bench.args.stage_repeats))
+            entry.update(stage_costs(bench.target, draft, b, bench.device, bench.args.stage_repeats))
         except Exception as exc:
             entry["stage_note"] = f"time_stages failed: {type(exc).__name__}: {exc}"
             bench.errors.append({"method": "time_stages", "variant": variant, "batch_size": b, "mode": mode,
@@ -79,21 +72,14 @@ def run_spec_row(bench, method, variant, b, mode, batches, spec_config, draft, t
     return entry
 
 
-def run_spec(bench, eager):
-    """eager=False: "fast k=K" and runner_plain "k=0" rows; eager=True: the "eager k=K" rows."""
+def run_spec(bench):
+    """The "fast k=K" rows of every k, then the runner_plain "k=0" row, per (batch size, mode)."""
     import hf_specdec
 
-    args, cuda = bench.args, bench.device.type == "cuda"
     hf_specdec.enable(bench.target)
-    fast = True if args.fast_bucketed else None
     for b, mode, batches in bench.configs():
         for k in bench.ks:
-            if eager:
-                run_spec_row(bench, "hf_specdec", f"eager k={k}", b, mode, batches,
-                             hf_specdec.SpecConfig(num_speculative_tokens=k, bucketed=False), bench.draft, False)
-            else:
-                run_spec_row(bench, "hf_specdec", f"fast k={k}", b, mode, batches,
-                             hf_specdec.SpecConfig(num_speculative_tokens=k, bucketed=fast), bench.draft, True)
-        if not eager:  # k=0 runs only on the runner: without CUDA it must be asked for
-            plain = hf_specdec.SpecConfig(num_speculative_tokens=0, bucketed=fast if cuda else True)
-            run_spec_row(bench, "runner_plain", "k=0", b, mode, batches, plain, None, True)
+            run_spec_row(bench, "hf_specdec", f"fast k={k}", b, mode, batches,
+                         hf_specdec.SpecConfig(num_speculative_tokens=k), bench.draft)
+        run_spec_row(bench, "runner_plain", "k=0", b, mode, batches, hf_specdec.SpecConfig(num_speculative_tokens=0),
+                     None)

@@ -1,7 +1,7 @@
 """GPU smoke check of the fast path: greedy speculative output equals plain greedy generate on CUDA.
 
-Random Llama models, fp32 (must be identical) and bf16 (reported), for the eager path, the
-runner with CUDA graphs, and graphs + torch.compile; batch 1, 3 and 32 with left padding
+Random Llama models, fp32 (must be identical) and bf16 (reported), for the runner without CUDA
+graphs, the runner with CUDA graphs, and graphs + torch.compile; batch 1, 3 and 32 with left padding
 and an EOS id that rows hit at different rounds; a second identical call must capture
 nothing (zero warm-up; with a fixed k: adaptive rounds may reach a bucket the first call did not), and
 so must the graph paths' call again after all the other configurations ran (the runner keeps each's graphs).
@@ -11,7 +11,7 @@ each bring a new generator with the same seed (all must agree). One line per cas
 exit status 1 if an fp32 case differs, a repeated call warms up again or a rate exceeds 1. ``--cache-rows N``
 gives the caches a budget of N rows at a time, so rows start in waves as others finish.
 
-    python benchmarks/gpu_smoke.py [--paths eager,graphs,compile] [--batches 1,3,32] [--cache-rows 8]
+    python benchmarks/gpu_smoke.py [--paths no_graphs,graphs,compile] [--batches 1,3,32] [--cache-rows 8]
 """
 import argparse
 import copy
@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import hf_specdec  # noqa: E402
 
 PATHS = {
-    "eager": dict(bucketed=False),
+    "no_graphs": dict(cuda_graphs=False, adaptive=False),
     "graphs": dict(cuda_graphs=True, compile=False, adaptive=False),
     "compile": dict(cuda_graphs=True, compile=True, adaptive=False),
     "adaptive": dict(cuda_graphs=True, compile=True),  # k chosen per round: 0 and 4 captured per bucket, others lazily
@@ -74,7 +74,7 @@ def seeded_runs_agree(target, draft, ids, mask, name, budget):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--paths", default="eager,graphs,compile,adaptive,ngram")
+    ap.add_argument("--paths", default="no_graphs,graphs,compile,adaptive,ngram")
     ap.add_argument("--batches", default="1,3,32")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--cache-rows", type=int, default=0,

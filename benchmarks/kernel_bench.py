@@ -42,6 +42,8 @@ from hf_specdec.kernels import (  # noqa: E402
 from hf_specdec.kernels.paged_attention_triton import paged_attention_triton, write_kv_to_slots_triton  # noqa: E402
 from hf_specdec.kernels.rejection_sampler_triton import rejection_sample_triton  # noqa: E402
 from hf_specdec.kernels.typical_acceptance_triton import typical_accept_triton  # noqa: E402
+import hf_specdec.kernels.paged_attention_triton as pa  # noqa: E402  (module constants the sweeps change)
+import hf_specdec.kernels.rejection_sampler_triton as rs  # noqa: E402
 
 DEV = "cuda"
 
@@ -197,7 +199,6 @@ def check_correctness(gen) -> list[str]:
         ([1], [3000], 32, 8, 128, 16, torch.bfloat16, None, None),  # split-KV decode (when enabled)
         ([1, 5], [2000, 1500], 8, 2, 64, 16, torch.float32, 700, 30.0),  # split-KV verify (when enabled)
     ]
-    import hf_specdec.kernels.paged_attention_triton as pa
 
     default_splits = pa.MAX_KV_SPLITS
     for max_splits in sorted({default_splits, 16}):  # the default, and split-KV forced on
@@ -244,8 +245,6 @@ def check_correctness(gen) -> list[str]:
 
 def sweep_launch_configs(gen, bw) -> list[dict]:
     """Time the samplers at the headline shapes over (BLOCK_V, num_warps) launch configurations."""
-    import hf_specdec.kernels.rejection_sampler_triton as rs
-
     out = []
     K, V = 8, 128256
     for B, mode in [(256, "greedy"), (256, "random"), (32, "random"), (256, "typical")]:
@@ -335,9 +334,6 @@ def main():
     emit()
 
     # The small-batch paths (split vocabulary / split KV) against the one-program-per-sequence kernels.
-    import hf_specdec.kernels.paged_attention_triton as pa
-    import hf_specdec.kernels.rejection_sampler_triton as rs
-
     rs.LAUNCH_OVERRIDE["no_split"] = True
     for B in (1, 32):
         for mode in ("greedy", "random"):

@@ -36,6 +36,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import load_pair, pick_device, pick_dtype, policy_constants  # noqa: E402
+from hf_specdec.runner import bucket_for  # noqa: E402  (library internals: imported here only)
+from hf_specdec.round.policy import speculation_length as sl  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -66,7 +68,7 @@ def parse_args(argv=None):
                    help="the bucket follows the live rows as they finish (32 -> 24 -> 16 ...), each at its costs")
     r.add_argument("--decision-ms", type=float, default=0.0, help="host time of a fresh policy decision")
     r.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                   help="override a module constant of strategies/speculation_length.py (e.g. _DECAY=0.99)")
+                   help="override a module constant of round/policy/speculation_length.py (e.g. _DECAY=0.99)")
     return p.parse_args(argv)
 
 
@@ -143,8 +145,6 @@ def replay_call(policy, bucket: int, runs: list[np.ndarray], cost: np.ndarray, d
     """One call: rows start after the prefill's token; each round emits min(k, run) + 1 per live row.
     ``shrink``: bucket -> costs; the bucket follows the live rows (``bucket_for``), as in the runner.
     Returns (rounds, seconds)."""
-    from hf_specdec.runner import bucket_for
-
     pos = [1] * len(runs)
     ends = [len(r) - 1 for r in runs]
     rounds, seconds = 0, 0.0
@@ -194,9 +194,6 @@ def replay(args) -> dict:
 
 
 def _replay(args) -> dict:
-    from hf_specdec.runner import bucket_for
-    from hf_specdec.strategies import speculation_length as sl
-
     with open(args.traces) as fh:
         report = json.load(fh)
     traces = report["traces"][:args.num_prompts]

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Prefill on the runner: fixed shapes replayed as CUDA graphs (``runner/prefill.py``) against the eager,
-unpadded ragged prefill, interleaved call by call, on random models of the project pair's sizes.
+"""Prefill on the runner: fixed shapes replayed as CUDA graphs (``runner/prefill.py``) against the runner's
+unpadded ragged prefill without graphs, interleaved call by call, on random models of the project pair's sizes.
 
 Each call generates one token (prefill and the first token only); ``spec_metrics.prefill_seconds`` is
 timed with the device synchronised. Prompts are random ids of HumanEval-like lengths (60..300 tokens),
@@ -43,7 +43,7 @@ def prompts(batch: int, calls: int, device, seed: int = 0) -> list[tuple[torch.T
 
 def call(target, draft, ids, mask, fixed: bool) -> tuple[float, torch.Tensor]:
     saved = prefill.PREFILL_MAX_TOKENS
-    prefill.PREFILL_MAX_TOKENS = saved if fixed else 0  # 0: no prefill fits: the eager ragged one
+    prefill.PREFILL_MAX_TOKENS = saved if fixed else 0  # 0: no prefill fits: the ragged one, no graphs
     try:
         out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=1, do_sample=False,
                               assistant_model=draft, return_dict_in_generate=True, pad_token_id=0,
@@ -82,7 +82,7 @@ def main():
             same += int(torch.equal(outs[True], outs[False]))
         f, e = statistics.median(times[True]) * 1e3, statistics.median(times[False]) * 1e3
         print(f"b={batch:3d} {args.dtype} draft={bool(draft)}: prefill per call, median of {args.calls}: "
-              f"fixed+graphs {f:.2f} ms, eager ragged {e:.2f} ms ({e / f:.2f}x); first token equal in "
+              f"fixed+graphs {f:.2f} ms, ragged {e:.2f} ms ({e / f:.2f}x); first token equal in "
               f"{same}/{len(sets)} calls", flush=True)
 
 

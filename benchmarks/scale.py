@@ -10,7 +10,7 @@ Random weights (nothing downloaded) in Llama-3.1-8B's shapes for the target and 
 2. bytes a step reads: every parameter once except the input embedding table, of which one row per token is read
    (the LM head in full). floor_ms = bytes / copy bandwidth (also "target_with_kv": plus the K/V of the context).
 3. per batch size (--batches): generate() at k = 0 (no draft), then at k = 1, 4 and 8 with the draft, each
-   SpecConfig(compile=True, cuda_graphs=True, bucketed=True, adaptive=False) (compile=True waits for the
+   SpecConfig(compile=True, cuda_graphs=True, adaptive=False) (compile=True waits for the
    compiled code), --prompt random tokens, --new-tokens new ones, eos off; after each call
    ``hf_specdec.runner.stage_timing.time_stages`` replays the pieces as CUDA graphs between CUDA events (median
    ms): target_step (1 token a row, from the k = 0 call), plain_round (the k = 0 round: forward, sampling,
@@ -22,7 +22,7 @@ Random weights (nothing downloaded) in Llama-3.1-8B's shapes for the target and 
    second is timed): hf_step = median wall ms between consecutive steps (a stopping criterion that syncs and
    reads the clock at every step; HF synchronises every step anyway).
 5. kernels: torch.profiler over replays of time_stages' captured target_step and draft_step graphs (or, where
-   kernels inside graphs are not visible, one eager run of the same stage: "source" says which), divided by
+   kernels inside graphs are not visible, one run of the same stage outside its graph: "source" says which), divided by
    the layer count; the top kernels of the target step by time.
 6. projection (labelled so): speedup over HF's step and over our k = 0 round for acceptance rate a in
    {0.6, 0.7, 0.8, 0.9} and k in 1..8, with E = (1 - a^(k+1)) / (1 - a) tokens a round and
@@ -35,8 +35,9 @@ Random weights (nothing downloaded) in Llama-3.1-8B's shapes for the target and 
     python benchmarks/scale.py --shapes tiny --out /tmp/scale_tiny.json      # CPU smoke (no graphs, no compile)
     python benchmarks/scale.py --report $OUT/scale_8b.json                   # markdown tables (stdout)
 
---shapes tiny runs on the CPU (fp32, eager, no CUDA events): the same code paths with a perf_counter timer and
-CPU ops counted in place of kernels; its numbers mean nothing. The JSON is rewritten after every batch size.
+--shapes tiny runs on the CPU (fp32, the runner without graphs, no CUDA events): the same code paths with a
+perf_counter timer and CPU ops counted in place of kernels; its numbers mean nothing. The JSON is rewritten after
+every batch size.
 """
 from __future__ import annotations
 
@@ -109,7 +110,8 @@ def floors_ms(models: dict, batch: int, context: int, gb_per_s: float) -> dict:
 
 
 def timed_stages(runner, batch: int, repeats: int) -> tuple[dict, dict]:
-    """(ms per piece, {name: (what was timed, its eager stage)}) of time_stages at ``batch``'s bucket."""
+    """(ms per piece, {name: (what was timed, its stage run outside a graph)}) of time_stages at ``batch``'s
+    bucket."""
     pieces: dict = {}
     costs = time_stages(runner, bucket_for(batch), repeats, pieces_out=pieces)
     return costs, pieces
@@ -127,11 +129,12 @@ def _profile(fn, replays: int, activity) -> list:
 
 
 def kernel_summary(piece, layers: int, device: torch.device, replays: int = 5, top: int = 15) -> dict:
-    """Kernels of one call of ``piece`` (a graph replay; its eager stage if the graph's kernels are invisible),
+    """Kernels of one call of ``piece`` (a graph replay; its stage outside the graph if the graph's kernels are
+    invisible),
     grouped by name: count and device us per call, the top ``top`` by time. CPU: top-level CPU ops instead."""
     if device.type == "cuda":
         timed, stage = piece
-        kinds = [("graph replay", timed)] + ([("eager stage (kernels inside graphs not visible)", stage)]
+        kinds = [("graph replay", timed)] + ([("stage outside its graph (kernels inside graphs not visible)", stage)]
                                              if stage is not timed else [])
         for source, fn in kinds:
             events = [e for e in _profile(fn, replays, torch.profiler.ProfilerActivity.CUDA)
@@ -165,8 +168,8 @@ def random_prompt(vocab: int, batch: int, length: int, device: torch.device) -> 
 def runner_call(target, draft, k: int, batch: int, args, device: torch.device):
     """One greedy generate() on the runner at fixed k (k = 0: plain decoding, no draft); its spec_metrics."""
     cuda = device.type == "cuda"
-    spec = hf_specdec.SpecConfig(num_speculative_tokens=k, adaptive=False, bucketed=True,
-                                 cuda_graphs=True if cuda else None, compile=True if cuda else None)
+    spec = hf_specdec.SpecConfig(num_speculative_tokens=k, adaptive=False, cuda_graphs=True if cuda else None,
+                                 compile=True if cuda else None)
     out = target.generate(**random_prompt(target.config.vocab_size, batch, args.prompt, device),
                           max_new_tokens=args.new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0,
                           assistant_model=draft if k else None, spec_config=spec, return_dict_in_generate=True)

@@ -33,7 +33,7 @@ with the adaptive rows marked.
 GPU:  PYTHONPATH=. python benchmarks/strategies.py --target runs/pair/target --draft runs/pair/draft \\
           --prompts .devshim/he/HumanEval.jsonl.gz --out $OUT/strategies.json
 CPU smoke: python benchmarks/strategies.py --target runs/tiny_pair/target --draft runs/tiny_pair/draft \\
-          --batch-sizes 1,2 --num-prompts 2 --max-new-tokens 12 --k-max 3 --bucketed --out /tmp/s.json
+          --batch-sizes 1,2 --num-prompts 2 --max-new-tokens 12 --k-max 3 --out /tmp/s.json
 """
 from __future__ import annotations
 
@@ -68,7 +68,6 @@ def parse_args(argv=None):
     p.add_argument("--k-max", type=int, default=8)
     p.add_argument("--ngram-k", type=int, default=8)
     p.add_argument("--sections", default="code,edit")
-    p.add_argument("--bucketed", action="store_true", help="force the runner (CPU smoke)")
     p.add_argument("--no-compile", action="store_true", help="our runner without torch.compile")
     p.add_argument("--passes", type=int, default=3,
                    help="timed passes; each pass times every row of a group in turn; the fastest is reported")
@@ -227,7 +226,7 @@ def run(args, r: Runner, sets):
         return GenerationMixin.generate(r.target, input_ids=x[0], attention_mask=x[1], **r.kw(), **kw)
 
     def ours(x, draft=None, **spec):
-        base = dict(bucketed=True if args.bucketed else None, compile=False if args.no_compile else None)
+        base = dict(compile=False if args.no_compile else None)
         return r.target.generate(input_ids=x[0], attention_mask=x[1], assistant_model=draft, **r.kw(),
                                  spec_config=hf_specdec.SpecConfig(**base, **spec))
 
@@ -281,7 +280,7 @@ def _warm(call, warm) -> None:
 def with_setting(setting: str, r: Runner, fn, *args, **kwargs):
     """``fn`` called with one policy constant changed (``--adaptive-set``) and the policy's own memory across
     calls (round costs included): the default row would otherwise learn from its decisions."""
-    from hf_specdec.runner.spec_runner import runner_for
+    from hf_specdec.runner import runner_for
 
     slots = runner_for(r.target, r.draft).slots
     default, slots.memories = slots.memories, r.variant_memories.setdefault(setting, {})

@@ -32,7 +32,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import hf_specdec  # noqa: E402
 from benchmarks.tp_cost_report import report  # noqa: E402
-from hf_specdec.runner import bucket_for, runner_for  # noqa: E402
+from hf_specdec.runner import bucket_for, runner_for  # noqa: E402  (library internals: imported here only)
+from hf_specdec.runner.stage_timing import time_stages  # noqa: E402
 
 SIZES = {"target": (4096, 32, 14336, 32, 8), "draft": (2048, 16, 8192, 32, 8)}
 TINY = {"target": (64, 2, 128, 4, 2), "draft": (32, 1, 64, 4, 2)}  # a CPU dry run of the script
@@ -70,7 +71,7 @@ def measure(target, draft, batch: int, args, device) -> dict:
     ids = torch.randint(3, target.config.vocab_size, (batch, args.prompt), generator=gen).to(device)
     on_gpu = device.type == "cuda"
     spec = hf_specdec.SpecConfig(num_speculative_tokens=args.k, cuda_graphs=True if on_gpu else None,
-                                 compile=False if on_gpu else None, bucketed=True)
+                                 compile=False if on_gpu else None)
     start = time.perf_counter()
     out = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False,
                           eos_token_id=None, pad_token_id=0, assistant_model=draft, spec_config=spec,
@@ -79,8 +80,6 @@ def measure(target, draft, batch: int, args, device) -> dict:
     if not on_gpu:
         entry["note"] = "stage costs need CUDA events"
         return entry
-    from hf_specdec.runner.stage_timing import time_stages
-
     stages = time_stages(runner_for(target, draft), bucket_for(batch), args.repeats)
     entry.update({name: round(ms, 4) for name, ms in stages.items()})
     return entry

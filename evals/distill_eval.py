@@ -19,7 +19,7 @@ import time
 import torch
 
 import hf_specdec
-from hf_specdec.setup import cache_keyword
+from hf_specdec.call.request import cache_keyword
 
 
 def _autocast(device, dtype):

@@ -39,7 +39,7 @@ EVALS = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [EVALS, os.path.dirname(EVALS)]  # these evals, and this checkout's hf_specdec
 from distill_eval import read_bytes  # noqa: E402
 from distill_model import draft_from_target, pick_layers  # noqa: E402
-from hf_specdec.setup import cache_keyword  # noqa: E402
+from hf_specdec.call.request import cache_keyword  # noqa: E402
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
             head_dim=32, query_pre_attn_scalar=32, vocab_size=4096, sliding_window=16,

@@ -7,14 +7,15 @@
     out.sequences, out.spec_metrics
 """
 from .cache import CacheBudgetError
-from .config import SpecConfig
+from .call.config import SpecConfig
+from .call.metrics import SpecMetrics
+from .call.timeline import record_timeline
 from .enable import enable
 from .generate import SpecDecodeOutput, speculative_generate
-from .metrics import SpecMetrics
 from .reduced_vocab import reduce_vocab
 from .reduced_vocab_io import load_reduced_draft, save_reduced_draft
 from .warmup import warmup
 
 __all__ = ["CacheBudgetError", "SpecConfig", "SpecDecodeOutput", "SpecMetrics", "enable", "load_reduced_draft",
-           "reduce_vocab", "save_reduced_draft", "speculative_generate", "warmup"]
+           "record_timeline", "reduce_vocab", "save_reduced_draft", "speculative_generate", "warmup"]
 __version__ = "0.1.0"

@@ -21,8 +21,8 @@ import functools
 import torch
 from transformers import PreTrainedModel, StoppingCriteriaList, StopStringCriteria
 
-from .arguments import as_spec_config, check_tokenizers
-from .config import SpecConfig
+from .call.arguments import as_spec_config, check_tokenizers
+from .call.config import SpecConfig
 from .generate import speculative_generate
 from .kernels.triton_startup import start_triton_startup
 

@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 from transformers import PreTrainedModel
 
-from .arguments import as_spec_config
+from .call.arguments import as_spec_config
 from .runner import bucket_for, runner_for
 
 _SMALL_CALL_TOKENS = 8  # new tokens of the calls that only visit a smaller bucket

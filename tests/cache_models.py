@@ -10,7 +10,7 @@ import torch
 import transformers
 
 from hf_specdec.cache import PagedKVCache, paged_forward
-from hf_specdec.setup import cache_keyword
+from hf_specdec.call.request import cache_keyword
 
 VOCAB = 96
 

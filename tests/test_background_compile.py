@@ -149,7 +149,7 @@ def test_the_runners_rounds_reuse_what_the_thread_compiled(monkeypatch, tmp_path
 
     def compiled_on_cpu(*args, **kwargs):  # the runner without graphs, running the compiled models
         path = choose(*args, **kwargs)
-        path.compile = path.bucketed
+        path.compile = True
         return path
 
     monkeypatch.setattr(background_compile, "BackgroundCompile", Recorded)
@@ -166,14 +166,14 @@ def test_the_runners_rounds_reuse_what_the_thread_compiled(monkeypatch, tmp_path
             assert torch.equal(out.sequences, target.generate(**kw)), (batch, spec)
         return out.spec_metrics.fast_path
 
-    call(1, hf_specdec.SpecConfig(num_speculative_tokens=4, bucketed=True))
+    call(1, hf_specdec.SpecConfig(num_speculative_tokens=4))
     assert runner_for(target, draft).wait_compiled()
     made = recorder.graphs
     assert made > 0
-    for batch, spec, do_sample in ((1, hf_specdec.SpecConfig(num_speculative_tokens=4, bucketed=True), False),
-                                   (1, hf_specdec.SpecConfig(num_speculative_tokens=1, bucketed=True), False),
-                                   (3, hf_specdec.SpecConfig(num_speculative_tokens=3, bucketed=True), False),
-                                   (2, hf_specdec.SpecConfig(num_speculative_tokens=2, bucketed=True), True),
-                                   (1, hf_specdec.SpecConfig(num_speculative_tokens=0, bucketed=True), False)):
+    for batch, spec, do_sample in ((1, hf_specdec.SpecConfig(num_speculative_tokens=4), False),
+                                   (1, hf_specdec.SpecConfig(num_speculative_tokens=1), False),
+                                   (3, hf_specdec.SpecConfig(num_speculative_tokens=3), False),
+                                   (2, hf_specdec.SpecConfig(num_speculative_tokens=2), True),
+                                   (1, hf_specdec.SpecConfig(num_speculative_tokens=0), False)):
         assert call(batch, spec, do_sample) == "bucketed", "the call did not run the compiled models"
         assert recorder.graphs == made, f"b={batch} {spec.num_speculative_tokens=} compiled again: a layout missed"

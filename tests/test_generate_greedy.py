@@ -16,10 +16,10 @@ def targets():
     return {family: hf_specdec.enable(make_model(family, seed=i)) for i, family in enumerate(["llama", "qwen2", "gpt2"])}
 
 
-def spec_generate(target, draft, ids, mask, k, bucketed=None, **kw):
-    """``bucketed=True`` runs the fixed-shape runner (the GPU fast path, here without graphs)."""
+def spec_generate(target, draft, ids, mask, k, **kw):
+    """The fixed-shape runner (the GPU fast path, here without graphs)."""
     return target.generate(input_ids=ids, attention_mask=mask, assistant_model=draft, do_sample=False,
-                           spec_config=hf_specdec.SpecConfig(num_speculative_tokens=k, block_size=4, bucketed=bucketed,
+                           spec_config=hf_specdec.SpecConfig(num_speculative_tokens=k, block_size=4,
                                                              adaptive=False),
                            return_dict_in_generate=True, **kw)
 
@@ -31,16 +31,15 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
 @pytest.mark.parametrize("family,kind,batch,k", CASES)
-def test_greedy_equals_target_greedy(targets, family, kind, batch, k, bucketed):
+def test_greedy_equals_target_greedy(targets, family, kind, batch, k):
     target = targets[family]
     draft = make_draft(target, kind)
     ids, mask = left_padded_prompts(batch, seed=batch * 10 + k)
     expected = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW)
-    out = spec_generate(target, draft, ids, mask, k, bucketed=bucketed, max_new_tokens=MAX_NEW)
+    out = spec_generate(target, draft, ids, mask, k, max_new_tokens=MAX_NEW)
     assert torch.equal(out.sequences, expected)
-    assert out.spec_metrics.fast_path == ("bucketed" if bucketed else "eager: SpecConfig(bucketed=False)")
+    assert out.spec_metrics.fast_path == "bucketed"
     m = out.spec_metrics
     assert m.num_accepted_tokens <= m.num_draft_tokens == m.num_drafts * k
     if kind == "full":
@@ -50,8 +49,7 @@ def test_greedy_equals_target_greedy(targets, family, kind, batch, k, bucketed):
         assert m.acceptance_per_position[0] < 1.0  # some round rejected its very first draft
 
 
-@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
-def test_eos_inside_accepted_run(targets, bucketed):
+def test_eos_inside_accepted_run(targets):
     target = targets["llama"]
     ids, mask = left_padded_prompts(3, seed=5)
     plain = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW,
@@ -59,14 +57,13 @@ def test_eos_inside_accepted_run(targets, bucketed):
     eos = int(plain[0, ids.shape[1] + 4])  # row 0's 5th generated token becomes EOS
     expected = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW,
                                eos_token_id=eos, pad_token_id=0)
-    out = spec_generate(target, make_draft(target, "full"), ids, mask, 6, bucketed=bucketed, max_new_tokens=MAX_NEW,
+    out = spec_generate(target, make_draft(target, "full"), ids, mask, 6, max_new_tokens=MAX_NEW,
                         eos_token_id=eos, pad_token_id=0)
     assert torch.equal(out.sequences, expected)
     assert (out.sequences[0, ids.shape[1] + 5:] == 0).all()  # padded after EOS, as Hugging Face pads
 
 
-@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
-def test_history_dependent_processor_and_custom_stopping(targets, bucketed):
+def test_history_dependent_processor_and_custom_stopping(targets):
     """repetition_penalty reads input_ids; a user stopping criterion must cut inside the accepted run."""
 
     class StopAfterToken(StoppingCriteria):
@@ -84,7 +81,7 @@ def test_history_dependent_processor_and_custom_stopping(targets, bucketed):
     stop = StoppingCriteriaList([StopAfterToken(int(plain[1, ids.shape[1] + 3]))])
     assert 2 in plain[:, ids.shape[1]:]  # EOS also ends a row of this batch
     expected = target.generate(input_ids=ids, attention_mask=mask, stopping_criteria=stop, pad_token_id=0, **kw)
-    out = spec_generate(target, make_draft(target, "mix"), ids, mask, 3, bucketed=bucketed, stopping_criteria=stop,
+    out = spec_generate(target, make_draft(target, "mix"), ids, mask, 3, stopping_criteria=stop,
                         pad_token_id=0, **{k: v for k, v in kw.items() if k != "do_sample"})
     assert torch.equal(out.sequences, expected)
     assert (out.sequences[1, ids.shape[1] + 4:] == 0).all()
@@ -145,8 +142,7 @@ def test_num_return_sequences_expands_batch(targets):
     assert torch.equal(out[:, : ids.shape[1]], ids.repeat_interleave(3, dim=0))
 
 
-@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
-def test_stop_strings_cut_inside_accepted_run(bucketed):
+def test_stop_strings_cut_inside_accepted_run():
     """transformers drops `tokenizer` on the custom_generate path; enable() rebuilds the stop-string criterion."""
     from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
@@ -162,9 +158,51 @@ def test_stop_strings_cut_inside_accepted_run(bucketed):
     kw = dict(do_sample=False, max_new_tokens=MAX_NEW, stop_strings=[stop], tokenizer=tok)
     expected = target.generate(input_ids=ids, attention_mask=mask, **kw)
     out = target.generate(input_ids=ids, attention_mask=mask, assistant_model=make_draft(target, "full"),
-                          spec_config=hf_specdec.SpecConfig(num_speculative_tokens=6, bucketed=bucketed), **kw)
+                          spec_config=hf_specdec.SpecConfig(num_speculative_tokens=6), **kw)
     assert torch.equal(out, expected)
     assert expected.shape != plain.shape or (expected != plain).any()  # the stop string really cut
     with pytest.raises(ValueError, match="tokenizer"):
         target.generate(input_ids=ids, attention_mask=mask, assistant_model=make_draft(target, "full"),
                         spec_config=hf_specdec.SpecConfig(), do_sample=False, max_new_tokens=4, stop_strings=[stop])
+
+
+def test_streamer_at_batch_3_gets_plain_generates_steps(targets):
+    """At batch > 1 a streamer sees what plain generate gives it: the prompts, then one (B,) tensor per step, the pad
+    token for rows that have finished; rows here end at different steps on an EOS and advance at their own pace."""
+    from transformers.generation.streamers import BaseStreamer
+
+    class Collect(BaseStreamer):
+        def __init__(self):
+            self.puts, self.ended = [], 0
+
+        def put(self, value):
+            self.puts.append(value.tolist())
+
+        def end(self):
+            self.ended += 1
+
+    target = targets["llama"]
+    ids, mask = left_padded_prompts(3, seed=6)
+    plain = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW,
+                            eos_token_id=None)
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0,
+              eos_token_id=int(plain[1, ids.shape[1] + 2]))
+    theirs, ours = Collect(), Collect()
+    expected = target.generate(**kw, streamer=theirs)
+    out = target.generate(**kw, streamer=ours, assistant_model=make_draft(target, "mix"),
+                          spec_config=hf_specdec.SpecConfig(num_speculative_tokens=3, block_size=4, adaptive=False))
+    assert torch.equal(out, expected)
+    assert ours.puts == theirs.puts and ours.ended == theirs.ended == 1
+
+
+def test_more_than_eight_eos_ids(targets):
+    target = targets["llama"]
+    ids, mask = left_padded_prompts(3, seed=8)
+    plain = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW,
+                            eos_token_id=None)
+    eos = sorted({int(t) for t in plain[:, ids.shape[1] + 5:].flatten()} | set(range(100, 110)))[:12]
+    kw = dict(max_new_tokens=MAX_NEW, pad_token_id=0, eos_token_id=eos)
+    expected = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, **kw)
+    out = spec_generate(target, make_draft(target, "mix"), ids, mask, 3, **kw)
+    assert torch.equal(out.sequences, expected) and out.spec_metrics.fast_path == "bucketed"
+    assert len(eos) > 8 and (expected[:, -1] == 0).any()  # some row ended on one of them

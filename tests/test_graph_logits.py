@@ -34,7 +34,7 @@ from transformers.generation.logits_process import (
     TypicalLogitsWarper,
 )
 
-from hf_specdec.runner.graph_logits import graph_safe_logits
+from hf_specdec.round.logits.graph_logits import graph_safe_logits
 
 V, W, PROMPT, PAD, ALPHABET = 64, 32, 8, 7, 6
 STARTS = (1, 9, W - 3)  # first length of each buffer row; 4 consecutive lengths each

@@ -1,20 +1,20 @@
-"""A call interrupted anywhere (an exception or KeyboardInterrupt in prefill, a draft step, a verify, the eager path's
-rounds) leaves the model usable: the next call's output equals an uninterrupted call's, the user's attention
-implementation is back, and the paged caches hold no block of the dead call. CPU, runner without graphs and eager
-path."""
+"""A call interrupted anywhere (an exception or KeyboardInterrupt in prefill, a draft step, a verify, the model's own
+forward) leaves the model usable: the next call's output equals an uninterrupted call's, the user's attention
+implementation is back, and the paged caches hold no block of the dead call. CPU, runner without graphs."""
 import pytest
 import torch
 
 import hf_specdec
-import hf_specdec.runner.fixed_round as fixed_round
+import hf_specdec.round.fixed_round as fixed_round
+import hf_specdec.round.proposers as proposers
 import hf_specdec.runner.spec_runner as spec_runner
 from hf_specdec.runner import runner_for
 from models import left_padded_prompts, make_draft, make_model
 
 STAGES = {  # (module, function) the fault is injected into, on its n-th call
     "prefill": (spec_runner, "FixedPrefill.run"),
-    "draft step": (spec_runner, "propose"),
-    "verify": (spec_runner, "verify_and_commit"),
+    "draft step": (proposers, "DraftModelProposer.propose"),
+    "verify": (fixed_round, "verify_and_commit"),
 }
 
 
@@ -45,7 +45,7 @@ def _inject(monkeypatch, module, name, error, after: int):
 def test_the_runner_after_an_interrupted_call(stage, error):
     target = hf_specdec.enable(make_model("llama", seed=0))
     draft = make_draft(target, "mix")
-    spec = hf_specdec.SpecConfig(num_speculative_tokens=3, bucketed=True, adaptive=False)
+    spec = hf_specdec.SpecConfig(num_speculative_tokens=3, adaptive=False)
     want = _call(target, draft, spec)
     free = _free_blocks(target, draft)
     implementation = target.config._attn_implementation
@@ -68,11 +68,12 @@ def _free_blocks(target, draft) -> dict:
 
 
 @pytest.mark.parametrize("error", [RuntimeError("injected"), KeyboardInterrupt()], ids=["exception", "interrupt"])
-def test_the_eager_path_after_an_interrupted_call(error, monkeypatch):
+def test_a_fault_inside_the_draft_models_forward(error, monkeypatch):
     target = hf_specdec.enable(make_model("llama", seed=0))
     draft = make_draft(target, "mix")
-    spec = hf_specdec.SpecConfig(num_speculative_tokens=3)
+    spec = hf_specdec.SpecConfig(num_speculative_tokens=3, adaptive=False)  # every round drafts
     want = _call(target, draft, spec)
+    free = _free_blocks(target, draft)
     implementation = target.config._attn_implementation
     real = draft.forward
     calls = {"n": 0}
@@ -89,3 +90,4 @@ def test_the_eager_path_after_an_interrupted_call(error, monkeypatch):
     monkeypatch.undo()
     assert target.config._attn_implementation == implementation
     assert torch.equal(_call(target, draft, spec), want)
+    assert _free_blocks(target, draft) == free

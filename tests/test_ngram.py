@@ -8,7 +8,6 @@ import torch
 
 import hf_specdec
 from hf_specdec.kernels import ngram_drafts, ngram_drafts_reference
-from hf_specdec.strategies import verifier as verifier_module
 from models import VOCAB, left_padded_prompts, make_model
 from test_sampling_exact import V, chi_square_pvalue, exact_joint_23, joint_23_counts, wrong_rejection_sample
 
@@ -72,17 +71,16 @@ def targets():
     return {f: hf_specdec.enable(make_model(f, seed=i)) for i, f in enumerate(["llama", "gpt2"])}
 
 
-@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
 @pytest.mark.parametrize("family,batch,k,adaptive", [
     ("llama", 1, 3, False), ("llama", 3, 1, False), ("llama", 8, 4, False), ("llama", 3, 5, True),
     ("gpt2", 3, 3, False), ("gpt2", 8, 2, True)])
-def test_ngram_greedy_equals_target_greedy(targets, family, batch, k, adaptive, bucketed):
+def test_ngram_greedy_equals_target_greedy(targets, family, batch, k, adaptive):
     target = targets[family]
     ids, mask = repeated_prompts(batch, seed=batch + k)
     expected = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW)
     out = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW,
                           spec_config=hf_specdec.SpecConfig(num_speculative_tokens=k, method="ngram", block_size=4,
-                                                            bucketed=bucketed, adaptive=adaptive),
+                                                            adaptive=adaptive),
                           return_dict_in_generate=True)
     assert torch.equal(out.sequences, expected)
     m = out.spec_metrics
@@ -97,12 +95,11 @@ def test_ngram_random_prompts_without_matches(targets):
     target = targets["llama"]
     ids, mask = left_padded_prompts(3, seed=4)
     expected = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW)
-    for bucketed in (False, True):
-        out = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW,
-                              spec_config=hf_specdec.SpecConfig(method="ngram", prompt_lookup_min=3,
-                                                                prompt_lookup_max=4, bucketed=bucketed, adaptive=False),
-                              return_dict_in_generate=True)
-        assert torch.equal(out.sequences, expected)
+    out = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW,
+                          spec_config=hf_specdec.SpecConfig(method="ngram", prompt_lookup_min=3,
+                                                            prompt_lookup_max=4, adaptive=False),
+                          return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected)
 
 
 def test_hf_prompt_lookup_routes_to_batched_proposer(targets):
@@ -131,28 +128,25 @@ def small_target():
     return target
 
 
-def ngram_joint_23(target, prompt, bucketed, n=6000):
-    spec = hf_specdec.SpecConfig(num_speculative_tokens=2, method="ngram", prompt_lookup_max=2, bucketed=bucketed,
+def ngram_joint_23(target, prompt, n=6000):
+    spec = hf_specdec.SpecConfig(num_speculative_tokens=2, method="ngram", prompt_lookup_max=2,
                                  generator=torch.Generator().manual_seed(0))
     out = target.generate(input_ids=prompt.expand(n, -1), do_sample=True, top_k=0, max_new_tokens=3,
                           spec_config=spec, return_dict_in_generate=True)
     return joint_23_counts(out.sequences, prompt.shape[1], V), out.spec_metrics
 
 
-@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
-def test_ngram_sampling_follows_target_distribution(small_target, bucketed):
+def test_ngram_sampling_follows_target_distribution(small_target):
     prompt = torch.tensor([[3, 1, 4, 1, 5, 3, 1]])  # matches of different lengths after each first token
-    counts, m = ngram_joint_23(small_target, prompt, bucketed)
+    counts, m = ngram_joint_23(small_target, prompt)
     assert 0.05 < m.acceptance_rate < 0.95 and 0 < m.match_fraction < 1
     assert chi_square_pvalue(counts, exact_joint_23(small_target, prompt)) > 1e-3
 
 
-@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
-def test_ngram_law_test_catches_wrong_residual(small_target, monkeypatch, bucketed):
-    from hf_specdec.runner import fixed_round
-    monkeypatch.setattr(verifier_module.kernels, "rejection_sample", wrong_rejection_sample)
+def test_ngram_law_test_catches_wrong_residual(small_target, monkeypatch):
+    from hf_specdec.round import fixed_round
     monkeypatch.setattr(fixed_round.kernels, "rejection_sample", wrong_rejection_sample)
     torch.manual_seed(0)
     prompt = torch.tensor([[3, 1, 4, 1, 5, 3, 1]])
-    counts, _ = ngram_joint_23(small_target, prompt, bucketed)
+    counts, _ = ngram_joint_23(small_target, prompt)
     assert chi_square_pvalue(counts, exact_joint_23(small_target, prompt)) < 1e-3

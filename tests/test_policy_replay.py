@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import hf_specdec
-from hf_specdec.strategies.speculation_length import SpeculationLength
+from hf_specdec.round.policy.speculation_length import SpeculationLength
 from models import left_padded_prompts, make_draft, make_model
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -45,7 +45,7 @@ def test_replayed_rounds_match_the_runner(k):
                   return_dict_in_generate=True)
         out = target.generate(**kw, assistant_model=draft,
                               spec_config=hf_specdec.SpecConfig(num_speculative_tokens=k, adaptive=False,
-                                                                bucketed=True, block_size=4))
+                                                                block_size=4))
         rounds += out.spec_metrics.num_rounds
         accepted += out.spec_metrics.num_accepted_tokens
         runs.append(runs_of_agreement(agreement(draft, ids[0], out.sequences[0, ids.shape[1]:])))

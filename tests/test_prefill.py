@@ -40,7 +40,7 @@ def _recorded_prefills(monkeypatch, target, draft, ids, mask, max_tokens):
     monkeypatch.setattr(SpecRunner, "prefill", recording)
     out = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=12,
                           assistant_model=draft, pad_token_id=0, return_dict_in_generate=True,
-                          spec_config=hf_specdec.SpecConfig(bucketed=True, block_size=4, num_speculative_tokens=3,
+                          spec_config=hf_specdec.SpecConfig(block_size=4, num_speculative_tokens=3,
                                                             adaptive=False))
     monkeypatch.undo()
     return out, seen
@@ -77,7 +77,7 @@ def test_rows_starting_in_waves_use_their_own_shapes(target):
     width = ids.shape[1] + 10 + 2 + 1
     draft = make_draft(target, "full")
     out = target.generate(**kw, assistant_model=draft, spec_config=hf_specdec.SpecConfig(
-        bucketed=True, block_size=4, num_speculative_tokens=2, cache_tokens=2 * width))
+        block_size=4, num_speculative_tokens=2, cache_tokens=2 * width))
     assert torch.equal(out, expected)
     shapes = {key[1:3] for key in runner_for(target, draft).prefills.models}
     assert len(shapes) >= 2  # (rows, tokens) of the first wave and of later ones

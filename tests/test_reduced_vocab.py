@@ -10,7 +10,7 @@ from transformers.generation.logits_process import EtaLogitsWarper, TopPLogitsWa
 import hf_specdec
 from hf_specdec.reduced_vocab import ReducedVocabHead, check_token_ids, fill_value, reduce_vocab, reduced_head
 from hf_specdec.reduced_vocab_io import load_reduced_draft, save_reduced_draft
-from hf_specdec.runner.graph_logits import graph_safe_logits
+from hf_specdec.round.logits.graph_logits import graph_safe_logits
 from models import left_padded_prompts
 from reduced_models import make_gemma, make_target, random_kept, reduced_copy
 
@@ -29,11 +29,10 @@ def greedy_tokens(target, ids, mask, n):
     return out[:, ids.shape[1]:].unique()
 
 
-@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("kind", ["full", "partial"])
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
-def test_greedy_equals_target_greedy(targets, family, kind, batch, bucketed):
+def test_greedy_equals_target_greedy(targets, family, kind, batch):
     """'full': the target's head reduced to a quarter of the vocabulary that holds every token of its greedy
     path, so every draft is accepted. 'partial': a quarter without half of those tokens, so drafts are
     rejected where the target's choice is not in the kept set; the output is the target's either way."""
@@ -48,10 +47,10 @@ def test_greedy_equals_target_greedy(targets, family, kind, batch, bucketed):
     expected = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW)
     out = target.generate(input_ids=ids, attention_mask=mask, assistant_model=draft, do_sample=False,
                           max_new_tokens=MAX_NEW, return_dict_in_generate=True,
-                          spec_config=hf_specdec.SpecConfig(num_speculative_tokens=K, block_size=4, bucketed=bucketed,
+                          spec_config=hf_specdec.SpecConfig(num_speculative_tokens=K, block_size=4,
                                                             adaptive=False))
     assert torch.equal(out.sequences, expected)
-    assert out.spec_metrics.fast_path == ("bucketed" if bucketed else "eager: SpecConfig(bucketed=False)")
+    assert out.spec_metrics.fast_path == "bucketed"
     if kind == "full":
         assert out.spec_metrics.acceptance_rate == 1.0
     else:
@@ -59,8 +58,7 @@ def test_greedy_equals_target_greedy(targets, family, kind, batch, bucketed):
 
 
 @pytest.mark.parametrize("acceptance", ["rejection", "typical"])
-@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
-def test_sampling_with_processors_runs_on_both_paths(targets, bucketed, acceptance):
+def test_sampling_with_processors_runs_on_both_paths(targets, acceptance):
     """Temperature, top-p and repetition penalty on the draft's filled logits; the runner keeps its
     graph-safe processors (no fallback to eager) and every emitted token is a real vocabulary id."""
     target = targets["gemma3"]
@@ -69,12 +67,12 @@ def test_sampling_with_processors_runs_on_both_paths(targets, bucketed, acceptan
     out = target.generate(input_ids=ids, attention_mask=mask, assistant_model=draft, do_sample=True, temperature=0.7,
                           top_p=0.9, top_k=0, repetition_penalty=1.3, max_new_tokens=MAX_NEW, eos_token_id=None,
                           return_dict_in_generate=True,
-                          spec_config=hf_specdec.SpecConfig(num_speculative_tokens=K, block_size=4, bucketed=bucketed,
+                          spec_config=hf_specdec.SpecConfig(num_speculative_tokens=K, block_size=4,
                                                             acceptance=acceptance,
                                                             generator=torch.Generator().manual_seed(0)))
     new = out.sequences[:, ids.shape[1]:]
     assert new.shape == (3, MAX_NEW) and bool(((new >= 0) & (new < V)).all())
-    assert out.spec_metrics.fast_path == ("bucketed" if bucketed else "eager: SpecConfig(bucketed=False)")
+    assert out.spec_metrics.fast_path == "bucketed"
     assert out.spec_metrics.num_draft_tokens > 0
 
 

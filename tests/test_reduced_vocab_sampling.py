@@ -36,9 +36,9 @@ def pair():
     return target, draft
 
 
-def sample_joint_23(target, draft, bucketed):
+def sample_joint_23(target, draft):
     gen = torch.Generator().manual_seed(0)
-    spec = hf_specdec.SpecConfig(num_speculative_tokens=2, generator=gen, bucketed=bucketed)
+    spec = hf_specdec.SpecConfig(num_speculative_tokens=2, generator=gen)
     out = target.generate(input_ids=PROMPT.expand(N, -1), assistant_model=draft, do_sample=True, top_k=0,
                           max_new_tokens=3, spec_config=spec, return_dict_in_generate=True)
     return joint_23_counts(out.sequences, PROMPT.shape[1], V), out.spec_metrics
@@ -67,20 +67,18 @@ def test_target_mass_lies_mostly_outside_the_kept_set(pair):
     assert float(p[KEPT].sum()) < 0.6
 
 
-@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
-def test_sampled_tokens_follow_target_distribution(pair, bucketed):
+def test_sampled_tokens_follow_target_distribution(pair):
     target, draft = pair
-    counts, metrics = sample_joint_23(target, draft, bucketed)
+    counts, metrics = sample_joint_23(target, draft)
     assert 0.05 < metrics.acceptance_rate < 0.95
     assert chi_square_pvalue(counts, exact_joint_23(target, PROMPT)) > 1e-3
 
 
-@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
-def test_distribution_test_catches_residual_over_kept_tokens_only(pair, monkeypatch, bucketed):
+def test_distribution_test_catches_residual_over_kept_tokens_only(pair, monkeypatch):
     target, draft = pair
     monkeypatch.setattr(kernels, "rejection_sample", kept_only_rejection_sample)
     torch.manual_seed(0)
-    counts, _ = sample_joint_23(target, draft, bucketed)
+    counts, _ = sample_joint_23(target, draft)
     assert chi_square_pvalue(counts, exact_joint_23(target, PROMPT)) < 1e-3
 
 

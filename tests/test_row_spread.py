@@ -3,9 +3,9 @@ it: rows whose own rate is unknown yet count as the slowest of rows that differ 
 import numpy as np
 import pytest
 
-from hf_specdec.strategies import speculation_length as sl
-from hf_specdec.strategies.row_spread import between_rows_variance, slowest_quantile
-from hf_specdec.strategies.speculation_length import SpeculationLength
+from hf_specdec.round.policy import speculation_length as sl
+from hf_specdec.round.policy.row_spread import between_rows_variance, slowest_quantile
+from hf_specdec.round.policy.speculation_length import SpeculationLength
 
 
 def rows_observed(rates, rounds=60, k=1, seed=0):

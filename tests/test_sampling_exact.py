@@ -14,7 +14,6 @@ from scipy.stats import chisquare
 
 import hf_specdec
 from hf_specdec.kernels import rejection_sample_reference
-from hf_specdec.strategies import verifier as verifier_module
 from models import make_model
 
 V = 6
@@ -46,9 +45,9 @@ def exact_joint_23(target, prompt):
     return torch.einsum("a,ab,abc->bc", p1, p2, p3).reshape(-1)
 
 
-def sample_joint_23(target, draft, prompt, seed, bucketed=None):
+def sample_joint_23(target, draft, prompt, seed):
     gen = torch.Generator().manual_seed(seed)
-    spec = hf_specdec.SpecConfig(num_speculative_tokens=2, generator=gen, bucketed=bucketed)
+    spec = hf_specdec.SpecConfig(num_speculative_tokens=2, generator=gen)
     out = target.generate(input_ids=prompt.expand(N, -1), assistant_model=draft, do_sample=True, top_k=0,
                           max_new_tokens=3, spec_config=spec, return_dict_in_generate=True)
     return joint_23_counts(out.sequences, prompt.shape[1], V), out.spec_metrics
@@ -82,27 +81,25 @@ def wrong_rejection_sample(draft_ids, cu, draft_probs, target_probs, is_greedy, 
     return out, n
 
 
-@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
-def test_sampled_tokens_follow_target_distribution(pair, bucketed):
+def test_sampled_tokens_follow_target_distribution(pair):
     target, draft = pair
     prompt = torch.tensor([[3, 1, 4, 1, 5]])
-    counts, metrics = sample_joint_23(target, draft, prompt, seed=0, bucketed=bucketed)
+    counts, metrics = sample_joint_23(target, draft, prompt, seed=0)
     assert 0.05 < metrics.acceptance_rate < 0.95  # both rejections and acceptances are exercised
     assert chi_square_pvalue(counts, exact_joint_23(target, prompt)) > 1e-3
 
 
-@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
-def test_distribution_test_catches_wrong_residual(pair, monkeypatch, bucketed):
+def test_distribution_test_catches_wrong_residual(pair, monkeypatch):
+    from hf_specdec.round import fixed_round
+    monkeypatch.setattr(fixed_round.kernels, "rejection_sample", wrong_rejection_sample)
     target, draft = pair
     prompt = torch.tensor([[3, 1, 4, 1, 5]])
-    monkeypatch.setattr(verifier_module.kernels, "rejection_sample", wrong_rejection_sample)
     torch.manual_seed(0)
-    counts, _ = sample_joint_23(target, draft, prompt, seed=0, bucketed=bucketed)
+    counts, _ = sample_joint_23(target, draft, prompt, seed=0)
     assert chi_square_pvalue(counts, exact_joint_23(target, prompt)) < 1e-3
 
 
-@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
-def test_seeded_generator_reproduces(pair, bucketed):
+def test_seeded_generator_reproduces(pair):
     target, draft = pair
     prompt = torch.tensor([[2, 7 % V, 1]])
     outs = []
@@ -110,5 +107,5 @@ def test_seeded_generator_reproduces(pair, bucketed):
         gen = torch.Generator().manual_seed(1234)
         outs.append(target.generate(input_ids=prompt.expand(4, -1), assistant_model=draft, do_sample=True, top_k=0,
                                     max_new_tokens=8, spec_config=hf_specdec.SpecConfig(generator=gen,
-                                                                                        bucketed=bucketed)))
+                                                                                        )))
     assert torch.equal(outs[0], outs[1])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import hf_specdec
-from hf_specdec.strategies.speculation_length import SpeculationLength
+from hf_specdec.round.policy.speculation_length import SpeculationLength
 from models import left_padded_prompts, make_draft, make_model
 from test_sampling_exact import chi_square_pvalue, exact_joint_23, joint_23_counts, pair  # noqa: F401 (fixture)
 
@@ -136,10 +136,9 @@ def scripted(monkeypatch):
                         lambda self, bucket, rows, remaining: min(SCHEDULE[next(turn) % len(SCHEDULE)], self.k_max))
 
 
-@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
 @pytest.mark.parametrize("method,kind,batch", [("draft", "full", 1), ("draft", "full", 4), ("draft", "mix", 3),
                                                ("ngram", None, 3)])
-def test_changing_k_stays_greedy_exact(scripted, method, kind, batch, bucketed):
+def test_changing_k_stays_greedy_exact(scripted, method, kind, batch):
     target = hf_specdec.enable(make_model("llama", seed=3))
     ids, mask = left_padded_prompts(batch, seed=batch)
     expected = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW)
@@ -147,7 +146,7 @@ def test_changing_k_stays_greedy_exact(scripted, method, kind, batch, bucketed):
     out = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW,
                           assistant_model=draft, return_dict_in_generate=True,
                           spec_config=hf_specdec.SpecConfig(num_speculative_tokens=3, method=method, block_size=4,
-                                                            bucketed=bucketed, adaptive=True))
+                                                            adaptive=True))
     assert torch.equal(out.sequences, expected)
     m = out.spec_metrics
     assert m.k_histogram[0] >= 2 and len(m.k_histogram) >= 3
@@ -155,12 +154,11 @@ def test_changing_k_stays_greedy_exact(scripted, method, kind, batch, bucketed):
         assert m.acceptance_rate == 1.0
 
 
-@pytest.mark.parametrize("bucketed", [False, True], ids=["eager", "bucketed"])
-def test_changing_k_keeps_the_sampling_law(scripted, pair, bucketed):  # noqa: F811
+def test_changing_k_keeps_the_sampling_law(scripted, pair):  # noqa: F811
     target, draft = pair
     prompt = torch.tensor([[3, 1, 4, 1, 5]])
     spec = hf_specdec.SpecConfig(num_speculative_tokens=2, generator=torch.Generator().manual_seed(0),
-                                 bucketed=bucketed, adaptive=True)
+                                 adaptive=True)
     n = 6000
     out = target.generate(input_ids=prompt.expand(n, -1), assistant_model=draft, do_sample=True, top_k=0,
                           max_new_tokens=3, spec_config=spec, return_dict_in_generate=True)
@@ -173,17 +171,18 @@ def test_long_runs_of_zero_catch_up_in_chunks(monkeypatch):
     """More rounds of k = 0 than the runner's catch-up window, then drafting again: the draft model reads
     the missed tokens only then, window by window, oldest first (a copy of the target still agrees on
     every draft) and the output is the target's own. A call that ends at k = 0 feeds the draft nothing."""
-    from hf_specdec.runner import spec_runner
+    from hf_specdec.round.proposers import DraftModelProposer
 
     unread = []  # tokens the draft model had still to read, at each catch-up window
-    feed = spec_runner.catch_up_draft
-    monkeypatch.setattr(spec_runner, "catch_up_draft", lambda s, *a, **kw: (unread.append(int(s.behind)), feed(s, *a, **kw)))
+    feed = DraftModelProposer.catch_up
+    monkeypatch.setattr(DraftModelProposer, "catch_up",
+                        staticmethod(lambda s, *a, **kw: (unread.append(int(s.behind)), feed(s, *a, **kw))))
     schedule = iter([2] + [0] * 37 + [2] * 40)
     monkeypatch.setattr(SpeculationLength, "_choose", lambda self, bucket, rows, remaining: next(schedule))
     target = hf_specdec.enable(make_model("llama", seed=5))
     ids, mask = left_padded_prompts(3, seed=2)
     kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=60)
-    spec = hf_specdec.SpecConfig(num_speculative_tokens=2, bucketed=True, adaptive=True)
+    spec = hf_specdec.SpecConfig(num_speculative_tokens=2, adaptive=True)
     draft = make_draft(target, "full")
     out = target.generate(**kw, assistant_model=draft, return_dict_in_generate=True, spec_config=spec)
     assert torch.equal(out.sequences, target.generate(**kw))
@@ -337,18 +336,19 @@ def test_a_draft_left_at_zero_is_not_run_until_a_round_drafts(monkeypatch):
     """After a call whose last choice was k = 0 the next call starts without the draft model's prefill: a
     call that stays at k = 0 never runs the draft; one that drafts again first has it read every row from
     position 0, in windows (rows of different lengths), and stays exact with every draft accepted."""
-    from hf_specdec.runner import spec_runner
+    from hf_specdec.round.proposers import DraftModelProposer
 
     unread = []
-    feed = spec_runner.catch_up_draft
-    monkeypatch.setattr(spec_runner, "catch_up_draft", lambda s, *a, **kw: (unread.append(int(s.behind)), feed(s, *a, **kw)))
+    feed = DraftModelProposer.catch_up
+    monkeypatch.setattr(DraftModelProposer, "catch_up",
+                        staticmethod(lambda s, *a, **kw: (unread.append(int(s.behind)), feed(s, *a, **kw))))
     schedule = iter([0] * 30)
     monkeypatch.setattr(SpeculationLength, "_choose", lambda self, bucket, rows, remaining: next(schedule))
     target = hf_specdec.enable(make_model("llama", seed=5))
     draft = make_draft(target, "full")
     ids, mask = left_padded_prompts(3, seed=4, min_len=3, max_len=40)
     kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=20)
-    spec = hf_specdec.SpecConfig(num_speculative_tokens=2, bucketed=True, adaptive=True)
+    spec = hf_specdec.SpecConfig(num_speculative_tokens=2, adaptive=True)
     calls = []
     draft_forward = draft.forward
     monkeypatch.setattr(draft, "forward", lambda *a, **k: (calls.append(1), draft_forward(*a, **k))[1])

@@ -7,7 +7,7 @@ from collections import Counter
 
 import numpy as np
 
-from hf_specdec.strategies.speculation_length import GRAPH_HOLD_ROUNDS, SpeculationLength
+from hf_specdec.round.policy.speculation_length import GRAPH_HOLD_ROUNDS, SpeculationLength
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import policy_replay  # noqa: E402

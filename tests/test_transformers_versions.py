@@ -15,7 +15,7 @@ import torch
 import transformers
 
 import hf_specdec
-from hf_specdec.setup import cache_keyword
+from hf_specdec.call.request import cache_keyword
 from models import left_padded_prompts, make_draft, make_model
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "evals"))

@@ -19,7 +19,7 @@ def test_warmup_visits_every_bucket_and_leaves_output_unchanged(capsys):
     ids = torch.randint(3, 97, (3, 9), generator=torch.Generator().manual_seed(1))
     kwargs = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
     plain = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, **kwargs)
-    spec = hf_specdec.SpecConfig(num_speculative_tokens=2, bucketed=True)
+    spec = hf_specdec.SpecConfig(num_speculative_tokens=2)
     steps = hf_specdec.warmup(target, draft, spec, batch_size=3, prompt_length=9, max_new_tokens=6, **kwargs)
     assert list(steps) == ["compile", "batch 3", "batch 2", "batch 1", "total"]
     assert all(s > 0 for s in steps.values())

@@ -20,7 +20,6 @@ import hf_specdec  # noqa: E402
 from models import left_padded_prompts  # noqa: E402
 
 VOCAB = 128
-PATHS = {"eager": False, "bucketed": True}
 
 
 def load(path, tp):
@@ -58,20 +57,17 @@ def main(ckpt, out_dir):
         plain = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
                                 eos_token_id=None, pad_token_id=0).tolist()
         for name, draft in drafts.items():
-            for path, bucketed in PATHS.items():
-                seqs, m = generate(target, draft, ids, mask, 12, do_sample=False, spec={"bucketed": bucketed})
-                res["greedy"][f"b{batch}/{name}/{path}"] = {"same": seqs == plain, "fast_path": m.fast_path}
-        for path, bucketed in PATHS.items():
-            torch.manual_seed(1000 + rank)  # different global seeds: hf_specdec shares rank 0's
-            seqs, _ = generate(target, drafts["replicated"], ids, mask, 12, do_sample=True, top_k=0,
-                               spec={"bucketed": bucketed})
-            res["sample"][f"b{batch}/shared/{path}"] = seqs
-            # the same generator seed on a plain (unsharded) target gives the same draws
-            spec = lambda: {"bucketed": bucketed, "generator": torch.Generator().manual_seed(7)}  # noqa: E731
-            tp_seqs, _ = generate(target, drafts["replicated"], ids, mask, 12, do_sample=True, top_k=0, spec=spec())
-            ref_seqs, _ = generate(plain_target, drafts["replicated"], ids, mask, 12, do_sample=True, top_k=0,
-                                   spec=spec())
-            res["sample"][f"b{batch}/seeded/{path}"] = {"same_as_unsharded": tp_seqs == ref_seqs}
+            seqs, m = generate(target, draft, ids, mask, 12, do_sample=False)
+            res["greedy"][f"b{batch}/{name}"] = {"same": seqs == plain, "fast_path": m.fast_path}
+        torch.manual_seed(1000 + rank)  # different global seeds: hf_specdec shares rank 0's
+        seqs, _ = generate(target, drafts["replicated"], ids, mask, 12, do_sample=True, top_k=0)
+        res["sample"][f"b{batch}/shared"] = seqs
+        # the same generator seed on a plain (unsharded) target gives the same draws
+        spec = lambda: {"generator": torch.Generator().manual_seed(7)}  # noqa: E731
+        tp_seqs, _ = generate(target, drafts["replicated"], ids, mask, 12, do_sample=True, top_k=0, spec=spec())
+        ref_seqs, _ = generate(plain_target, drafts["replicated"], ids, mask, 12, do_sample=True, top_k=0,
+                               spec=spec())
+        res["sample"][f"b{batch}/seeded"] = {"same_as_unsharded": tp_seqs == ref_seqs}
     runners = target.__dict__["_hf_specdec_runners"]
     res["pool_kv_heads"] = {
         f"{name}/{cache}": sorted({p.shape[-2] for p in runners[id(d)].caches[cache].key_pools.values()})

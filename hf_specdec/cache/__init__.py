@@ -1,7 +1,7 @@
 """Paged KV cache for the target and the draft model (see docs/architecture.md, "Paged KV cache")."""
 from .attention import ATTN_NAME, PAGED_BATCH_KWARG, check_paged_support, paged_attention_enabled, paged_forward
-from .devices import hidden_states_device, input_device, model_devices
 from .block_allocator import BlockAllocator, CacheBudgetError, blocks_for
+from .devices import hidden_states_device, input_device, model_devices
 from .paged_cache import PagedBatch, PagedKVCache
 
 __all__ = [

@@ -40,7 +40,7 @@ from .compiled_regions import compile_model
 from .graphs import CAPTURE_LOCK
 from .paged_model import PagedModel
 
-# (rows, tokens a row, last logits only, layout) as the runner's rounds call a model (runner/fixed_round.py): the
+# (rows, tokens a row, last logits only, layout) as the runner's rounds call a model (round/fixed_round.py): the
 # token ids and positions are views of (rows, tokens) tables ("table": a verify, a draft's first step, a catch-up
 # window) or one fresh value per row ("rows": a draft's later steps). Dynamo guards on a view's base too, whose
 # first size is the row count (1 specialises), so each layout is exercised at 1 row and at several.

@@ -25,7 +25,11 @@ from typing import Optional
 import torch
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
-MAX_EOS_IDS = 8
+
+
+def eos_width(n: int) -> int:
+    """Room for ``n`` EOS ids in a bucket (a multiple of 8, so few calls change the graphs' shapes)."""
+    return max(8, -(-n // 8) * 8)
 
 
 def bucket_for(rows: int) -> int:
@@ -66,7 +70,7 @@ class BucketState:
     accepted: torch.Tensor  # (B,) drafts accepted by the last round
     max_new: torch.Tensor  # () max_new_tokens of the call
     behind: torch.Tensor  # () tokens the draft model has still to read (catch_up_draft consumes them)
-    eos: torch.Tensor  # (MAX_EOS_IDS,) EOS ids, -1 where unused
+    eos: torch.Tensor  # (eos_width,) EOS ids, -1 where unused
     # acceptance statistics, summed on the device over the call's rounds
     stat_rows: torch.Tensor  # () live rows, summed over rounds
     stat_drafts: torch.Tensor  # () rows that drafted (count > 0)
@@ -74,6 +78,7 @@ class BucketState:
     stat_accepted: torch.Tensor  # () accepted draft tokens
     stat_per_position: torch.Tensor  # (K,) drafts whose j-th token was accepted
     scores: Optional[torch.Tensor] = None  # (B*(k+1), V) the last verify's processed scores (not a buffer)
+    logits: Optional[torch.Tensor] = None  # (B*(k+1), V) and its raw logits (not a buffer)
 
     @property
     def size(self) -> int:
@@ -84,9 +89,10 @@ class BucketState:
         return [getattr(self, name) for name in STAT_FIELDS]
 
     @classmethod
-    def allocate(cls, rows: int, width: int, table_width: int, k: int, vocab: Optional[int],
+    def allocate(cls, rows: int, width: int, table_width: int, k: int, vocab: Optional[int], eos_ids: int,
                  device: torch.device) -> "BucketState":
-        """``k``: the most drafts a round proposes; ``vocab`` given: room for the draft's distributions."""
+        """``k``: the most drafts a round proposes; ``vocab`` given: room for the draft's distributions;
+        ``eos_ids``: room for that many EOS ids."""
         def z(*shape, dtype=torch.long):
             return torch.zeros(*shape, dtype=dtype, device=device)
         return cls(
@@ -94,14 +100,14 @@ class BucketState:
             done=z(rows, dtype=torch.bool),
             target_tables=z(rows, table_width, dtype=torch.int32), draft_tables=z(rows, table_width, dtype=torch.int32),
             drafts=z(rows, k), draft_probs=None if vocab is None else z(rows, k, vocab, dtype=torch.float32),
-            counts=z(rows), keep=z(rows), accepted=z(rows), max_new=z(()), behind=z(()), eos=z(MAX_EOS_IDS), stat_rows=z(()),
+            counts=z(rows), keep=z(rows), accepted=z(rows), max_new=z(()), behind=z(()), eos=z(eos_ids), stat_rows=z(()),
             stat_drafts=z(()), stat_draft_tokens=z(()), stat_accepted=z(()), stat_per_position=z(k),
         )
 
     def tensors(self) -> list[torch.Tensor]:
         """Every buffer a round may write (snapshot and restore around graph warm-up)."""
         named = ((f.name, getattr(self, f.name)) for f in fields(self))
-        return [t for name, t in named if t is not None and name != "scores"]
+        return [t for name, t in named if t is not None and name not in ("scores", "logits")]
 
     def clear_padding(self, live: int, scratch_target: torch.Tensor, scratch_draft: torch.Tensor) -> None:
         """Rows ``live:`` become padding: done, two tokens long, K/V written to scratch blocks only."""
@@ -124,3 +130,22 @@ class BucketState:
             dst[:n] = src.index_select(0, index)[:, : dst.shape[1]] if dst.dim() == 2 else src.index_select(0, index)
         for name in ("max_new", "eos") + STAT_FIELDS:
             getattr(self, name).copy_(getattr(source, name))
+
+    # -- what the host reads at a sync (after the round: no round may run ahead then) --------------
+    def last_runs(self, kept: list[int]) -> list[list[int]]:
+        """The tokens the last round committed to each of the first ``len(kept)`` rows (``kept[i]`` of row i)."""
+        width = max(kept, default=0)
+        if not width:
+            return [[] for _ in kept]
+        n, device = len(kept), self.hist.device
+        start = (self.pads + self.length)[:n] - torch.tensor(kept, device=device)
+        values = self.hist[:n].gather(1, start[:, None] + torch.arange(width, device=device)).tolist()
+        return [v[:m] for v, m in zip(values, kept)]
+
+    def last_outputs(self, kept: list[int], raw: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The verify's processed scores (and raw logits, ``raw``) of each committed token, row by row, as
+        ``(sum(kept), V)`` copies (the graph rewrites its own next round)."""
+        per_row = self.scores.shape[0] // self.size
+        index = torch.tensor([i * per_row + j for i, m in enumerate(kept) for j in range(m)], dtype=torch.long,
+                             device=self.scores.device)
+        return self.scores[index], self.logits[index].float() if raw else None

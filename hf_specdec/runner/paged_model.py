@@ -13,7 +13,6 @@ import torch
 from transformers import PreTrainedModel
 
 from ..cache import PagedBatch, PagedKVCache, paged_forward
-from ..sampling import align_vocab
 
 
 class PagedModel:
@@ -38,3 +37,14 @@ class PagedModel:
         rows = torch.arange(B, device=device) * q + (q - 1) if last_only else torch.arange(B * q, device=device)
         logits = paged_forward(self.model, input_ids, batch, rows, call=None if eager else self.call)
         return align_vocab(logits, self.vocab_size)
+
+
+def align_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Cut or -inf-pad the last dim to ``vocab_size`` (draft and target vocabularies that differ by padding)."""
+    V = logits.shape[-1]
+    if V == vocab_size:
+        return logits
+    if V > vocab_size:
+        return logits[..., :vocab_size]
+    pad = logits.new_full((*logits.shape[:-1], vocab_size - V), float("-inf"))
+    return torch.cat([logits, pad], dim=-1)

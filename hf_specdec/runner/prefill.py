@@ -22,9 +22,9 @@ All prefill graphs share one memory pool (a few shapes of a long prompt would ot
 their own activations), which is safe because their inputs and outputs live outside it and one
 prefill graph runs at a time. At most ``PREFILL_MAX_SHAPES`` are kept.
 
-Without CUDA graphs padding saves nothing, so the runner prefills eagerly and unpadded there, except
-under ``SpecConfig(bucketed=True)``, which asks for the fixed-shape execution everywhere: the CPU
-tests then check the very packing that the graphs capture. A tensor-parallel target prefills eagerly.
+Without CUDA graphs the same packed shapes run eagerly, so the CPU tests check the very packing that
+the graphs capture. A tensor-parallel target, or a model on another device than the inputs, prefills
+eagerly and unpadded.
 """
 from __future__ import annotations
 
@@ -34,9 +34,9 @@ from typing import Optional
 import torch
 
 from ..cache import PagedBatch, paged_forward
-from ..sampling import align_vocab
 from .bucket_state import bucket_for
 from .graphs import StageGraph
+from .paged_model import align_vocab
 
 PREFILL_MAX_TOKENS = 8192  # above this a prefill is compute-bound: eager and unpadded
 PREFILL_MAX_SHAPES = 128  # graphs kept per runner (model x shape); past it all are dropped and captured anew

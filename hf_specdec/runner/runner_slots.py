@@ -42,6 +42,7 @@ class RunnerKey:
     width: int
     table_width: int
     vocab: int
+    eos_width: int
 
 
 @dataclass

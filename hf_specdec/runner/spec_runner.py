@@ -10,8 +10,13 @@ Per call: ``begin`` sizes the caches; each row gets its whole budget (prompt +
 max_new_tokens + k + 1) in both caches when it starts (``row_blocks.py``), so a round never
 touches the allocator or a block table; ``prefill`` reads the prompts (in fixed shapes,
 graphed: ``prefill.py``); ``load`` moves the live rows into the smallest bucket holding them;
-then ``round`` / ``sync`` until no row is live; ``store`` writes the rows back into the call's
+then ``round`` / ``read`` until no row is live; ``store`` writes the rows back into the call's
 ``SequenceBatch``.
+
+What a round computes comes from the layer above, as ``spec`` (``round/fixed_round.RoundSpec``): its
+fields key the graphs, ``spec.stages(state, models, k)`` gives the stages to run or capture,
+``spec.draft_model`` names the model the proposer drafts with and ``spec.catch_up`` feeds it what it
+missed. The runner executes them and imports nothing from the round.
 """
 from __future__ import annotations
 
@@ -22,9 +27,8 @@ import torch
 from transformers import PreTrainedModel
 
 from ..cache import PagedKVCache, blocks_for, input_device, paged_forward
-from .bucket_state import MAX_EOS_IDS, BucketState, RowAtSync, bucket_for
 from .background_compile import BackgroundCompile, compile_job
-from .fixed_round import RoundSpec, catch_up_draft, propose, propose_ngram, verify_and_commit
+from .bucket_state import BucketState, RowAtSync, bucket_for, eos_width
 from .graphs import StageGraph
 from .paged_model import PagedModel
 from .prefill import FixedPrefill
@@ -51,9 +55,9 @@ class SpecRunner:
         self.policy_memory: dict = {}  # what the speculation-length policy keeps across calls (round costs, ...)
 
     # -- per call ------------------------------------------------------------------
-    def begin(self, batch, spec: RoundSpec, logits_signature: tuple, vocab: int, graphs: bool, compile: bool,
+    def begin(self, batch, spec, logits_signature: tuple, vocab: int, graphs: bool, compile: bool,
               block_size: int, cache_blocks: Optional[int], hint: str, fixed_prefill: bool = True,
-              compile_wait: bool = False) -> None:
+              compile_wait: bool = False, eos_ids: int = 1) -> None:
         """Size (or reuse) caches and buckets for this call (rows get blocks as they start: row_blocks.py).
         ``compile``: run compiled models once they are ready (background_compile.py): until then this call runs
         graphs of the models as they are, unless ``compile_wait``.
@@ -74,15 +78,16 @@ class SpecRunner:
         # (a wide table costs the Triton kernels nothing: attention stops at each row's length), so few
         # calls change a shape. Without graphs (CPU) the torch reference reads whole tables: keep them tight.
         longest = max(budgets + ([self._max_positions()] if graphs else []))
-        uses_draft = k > 0 and spec.method == "draft"
-        models = {"target": self.target, "draft": self.draft} if uses_draft else {"target": self.target}
+        models = {"target": self.target}
+        if spec.draft_model is not None:
+            models[spec.draft_model] = self.draft
         table_width = max(capacity(blocks_for(longest, block_size), 8), self.key.table_width if self.key else 0)
         self.compile_asked = compile
         compiled = compile and self._compiled_ready(models, vocab, block_size, table_width, compile_wait)
         key = RunnerKey(k, spec.do_sample, spec.acceptance, spec.method, spec.ngram_sizes, logits_signature,
                         spec.generator, graphs, compiled, block_size, pool_blocks,
                         max(capacity(batch.tokens.shape[1], 64), self.key.width if self.key else 0), table_width,
-                        vocab)
+                        vocab, eos_width(eos_ids))
         if key != self.key:
             if self.key is not None and (key.block_size, key.pool_blocks) != (self.key.block_size,
                                                                                self.key.pool_blocks):
@@ -153,8 +158,6 @@ class SpecRunner:
         ``behind``: tokens the draft model has still to read of the rows carried over (while its reading
         is deferred: all of every row's tokens)."""
         batch, key = self.batch, self.key
-        if len(eos_ids) > MAX_EOS_IDS:
-            raise ValueError(f"{len(eos_ids)} EOS ids; the fast path handles at most {MAX_EOS_IDS}.")
         s = self._state(bucket_for(len(rows)))
         device, n, W = batch.device, len(rows), batch.tokens.shape[1]
         index = torch.tensor(rows, device=device)
@@ -169,7 +172,7 @@ class SpecRunner:
             tables[:n] = pm.cache.block_tables.index_select(0, (index + 1).to(pm.cache.device))[:, : key.table_width]
         self._clear_padding(s, n)
         s.max_new.fill_(batch.max_new_tokens)
-        s.eos.copy_(torch.tensor((eos_ids + [-1] * MAX_EOS_IDS)[:MAX_EOS_IDS], device=device))
+        s.eos.copy_(torch.tensor(eos_ids + [-1] * (s.eos.shape[0] - len(eos_ids)), device=device))
         for t in s.stats():
             t.zero_()
         self.state = s
@@ -183,7 +186,7 @@ class SpecRunner:
         True when the draft model first read the tokens of earlier rounds of k = 0 (a round that cost more
         than a round of k does)."""
         s = self.state
-        drafting = self.spec.method == "draft" and self.spec.k > 0
+        drafting = self.spec.draft_model is not None
         caught_up = bool(drafting and k and self.draft_behind)
         if caught_up:
             self.catch_up()
@@ -194,7 +197,7 @@ class SpecRunner:
                 stage()
             else:
                 graph()
-                s.scores = graph.scores
+                s.scores, s.logits = graph.scores, graph.logits
         return caught_up
 
     def capture(self, ks) -> None:
@@ -237,10 +240,10 @@ class SpecRunner:
         s = self.state
         s.behind.fill_(behind)
         if not self._catch_up_graph_fits():
-            catch_up_draft(s, self.models["draft"], behind, compiled=False)
+            self.spec.catch_up(s, self.models, behind, compiled=False)
             return
         window = self._catch_up_graph() if self.key.graphs else (
-            lambda: catch_up_draft(s, self.models["draft"], CATCH_UP, compiled=False))
+            lambda: self.spec.catch_up(s, self.models, CATCH_UP, compiled=False))
         for _ in range(-(-behind // CATCH_UP)):
             window()
 
@@ -252,7 +255,7 @@ class SpecRunner:
         s = self.state
         graph = self.graphs.get(("catch_up", s.size, CATCH_UP))
         if graph is None:
-            stage = lambda: catch_up_draft(s, self.models["draft"], CATCH_UP, compiled=True)  # noqa: E731
+            stage = lambda: self.spec.catch_up(s, self.models, CATCH_UP, compiled=True)  # noqa: E731
             what = f"the draft's catch-up, bucket {s.size}"
             graph = self.graphs[("catch_up", s.size, CATCH_UP)] = StageGraph(stage, s.tensors(), None, what=what)
             self.warmup_seconds += graph.capture_seconds
@@ -261,11 +264,7 @@ class SpecRunner:
     def _stages(self, k: int) -> list:
         """[(stage, its graph or None)] of a round of k: propose (k > 0), then verify and commit."""
         s, B, spec = self.state, self.state.size, self.spec
-        stages = [("verify", lambda: verify_and_commit(s, self.models["target"], spec, k))]
-        if k and spec.method == "ngram":
-            stages.insert(0, ("propose", lambda: propose_ngram(s, spec, k)))
-        elif k:
-            stages.insert(0, ("propose", lambda: propose(s, self.models["draft"], spec, k)))
+        stages = spec.stages(s, self.models, k)
         if not self.key.graphs:
             return [(stage, None) for _, stage in stages]
         out = []
@@ -274,10 +273,15 @@ class SpecRunner:
             if graph is None:
                 graph = self.graphs[(name, B, k)] = StageGraph(stage, s.tensors(), spec.generator,
                                                                   what=f"{name}, bucket {B}, k = {k}")
-                graph.scores = s.scores  # the verify graph's own output memory (read by host criteria)
+                graph.scores, graph.logits = s.scores, s.logits  # the verify graph's own output memory (host reads)
                 self.warmup_seconds += graph.capture_seconds
             out.append((stage, graph))
         return out
+
+    @property
+    def graphed(self) -> bool:
+        """This call's rounds replay CUDA graphs."""
+        return self.key.graphs
 
     def pool_bytes(self) -> int:
         """Device memory held by both caches' pools."""
@@ -332,7 +336,7 @@ class SpecRunner:
             key = self.key
             s = self.states[rows] = BucketState.allocate(
                 rows, key.width, key.table_width, key.k,
-                key.vocab if key.do_sample and key.k and key.method == "draft" else None,
+                key.vocab if key.do_sample and self.spec.draft_model is not None else None, key.eos_width,
                 self.batch.device)
         return s
 
@@ -376,25 +380,3 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
         return False
     current = torch.cuda.current_device() if a.type == "cuda" else 0
     return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
-
-
-class _RunnerCache(dict):
-    """The runners kept on a model. A copy of the model (``copy.deepcopy``, pickling) starts with none:
-    runners hold the original's caches and graphs, and copying them would copy every draft they keep."""
-
-    def __deepcopy__(self, memo) -> "_RunnerCache":
-        return _RunnerCache()
-
-    def __reduce__(self):
-        return (_RunnerCache, ())
-
-
-def runner_for(target: PreTrainedModel, draft: Optional[PreTrainedModel]) -> SpecRunner:
-    """The runner of this (target, draft) pair, kept on the target across generate() calls (an attribute,
-    so it lives and dies with the model)."""
-    per_target = target.__dict__.setdefault("_hf_specdec_runners", _RunnerCache())
-    key = id(draft) if draft is not None else None
-    runner = per_target.get(key)
-    if runner is None or runner.draft is not draft:
-        runner = per_target[key] = SpecRunner(target, draft)
-    return runner

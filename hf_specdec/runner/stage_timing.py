@@ -15,7 +15,6 @@ from typing import Callable, Optional
 
 import torch
 
-from .fixed_round import propose, verify_and_commit
 from .graphs import StageGraph
 from .spec_runner import SpecRunner
 
@@ -59,8 +58,9 @@ def time_stages(runner: SpecRunner, bucket: int, repeats: int = 50,
         "verify_forward": lambda: target.forward(s.hist[:, : k + 1].reshape(-1).contiguous(),
                                                  ((s.length - 1)[:, None] + torch.arange(k + 1, device=device)).view(-1),
                                                  s.target_tables, s.length + k, k + 1, False),
-        "verify_and_commit": lambda: verify_and_commit(s, target, spec, spec.k),
     }
+    stages = dict(spec.stages(s, runner.models, k))  # the round's own: propose (k > 0), verify and commit
+    pieces["verify_and_commit"] = stages["verify"]
     if k:
         draft = runner.models["draft"]
         pieces["draft_step"] = lambda: draft.forward(s.hist[:, 0].contiguous(), s.length - 1, s.draft_tables,
@@ -68,10 +68,10 @@ def time_stages(runner: SpecRunner, bucket: int, repeats: int = 50,
         pieces["draft_first_step"] = lambda: draft.forward(
             s.hist[:, :2].reshape(-1).contiguous(), ((s.length - 2)[:, None] + two).view(-1),
             s.draft_tables, s.length, 2, True)
-        pieces["propose"] = lambda: propose(s, draft, spec, spec.k)
+        pieces["propose"] = stages["propose"]
     out = {}
     for name, fn in pieces.items():
-        run = StageGraph(fn, s.tensors()) if runner.key.graphs else fn
+        run = StageGraph(fn, s.tensors()) if runner.graphed else fn
         out[name] = median_ms(run, repeats, device)
         if pieces_out is not None:
             pieces_out[name] = (run, fn)

@@ -1,8 +1,8 @@
-"""The fast path's round loop: fixed-shape rounds on the runner, one host synchronisation each.
+"""The call loop: a call's fixed-shape rounds on the runner, one host synchronisation each.
 
     prefill    both models read the prompts of the rows the cache budget holds; the target's
-               first token is committed as on the eager path (fast_rows.py)
-    rounds     policy.choose(): this round's k (strategies/speculation_length.py);
+               first token is committed on the host (waves.py, committer.py)
+    rounds     policy.choose(): this round's k (round/policy/speculation_length.py);
                runner.round(k): propose + verify + accept + commit on the device (graph
                replays on GPU); runner.read(): the one sync, done flags, lengths, verdicts.
                When no row leaves or joins at a sync, the next round starts right after it
@@ -10,7 +10,8 @@
                with the policy's decision for the round after (policy.prepare)
     criteria   stopping criteria that need the host (stop strings, max_time, the user's
                own) run on the tokens just committed; a stop cuts the row on the device;
-               output_scores copies the verify's scores of those tokens (no round ahead then)
+               output_scores / output_logits copy the verify's scores and logits of those tokens, a
+               streamer gets them (no round ahead then)
     shrink     finished rows go back to the call's buffer; waiting rows join in the blocks
                they freed, or the survivors move to a smaller bucket when they fit one
 """
@@ -23,15 +24,16 @@ from typing import Optional
 import torch
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 
+from ..round.fixed_round import RoundSpec
+from ..round.logits.history_groups import stop_hits
+from ..round.policy.speculation_length import SpeculationLength
+from ..runner import RowAtSync, SpecRunner, bucket_for
 from .admission import Admission
 from .batch_state import SequenceBatch
-from .commit import Committer
-from .fast_rows import FastRows
-from .history_groups import stop_hits
-from .logits import LogitsPipeline
+from .committer import Committer
 from .metrics import SpecMetrics, StageTimer
-from .runner import RoundSpec, RowAtSync, SpecRunner, bucket_for
-from .strategies.speculation_length import SpeculationLength
+from .timeline import span
+from .waves import FastRows
 
 
 @dataclass
@@ -46,10 +48,9 @@ class LaunchedRound:
     remaining: list
 
 
-def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, logits: LogitsPipeline,
-             committer: Committer, eos_ids: list[int], metrics: SpecMetrics, timer: StageTimer,
-             admission: Admission, policy: SpeculationLength) -> None:
-    CallLoop(runner, batch, spec, FastRows(runner, batch, admission, spec, logits, committer, timer),
+def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, committer: Committer, eos_ids: list[int],
+             metrics: SpecMetrics, timer: StageTimer, admission: Admission, policy: SpeculationLength) -> None:
+    CallLoop(runner, batch, spec, FastRows(runner, batch, admission, spec, committer, timer),
              committer, eos_ids, metrics, admission, policy).run()
 
 
@@ -61,8 +62,8 @@ class CallLoop:
                  policy: SpeculationLength):
         self.runner, self.batch, self.spec, self.waves, self.committer = runner, batch, spec, waves, committer
         self.criteria = committer.criteria
-        # host work on each sync's tokens: no round may start ahead (it would rewrite the scores read here)
-        self.host_reads = bool(self.criteria) or committer.keep_scores
+        # host work on each sync's tokens: no round may start ahead (it would rewrite what is read here)
+        self.host_reads = committer.reads_each_round
         self.eos_ids, self.metrics, self.admission, self.policy = eos_ids, metrics, admission, policy
         self.rows: list = []
         self.generated: dict[int, int] = {}  # batch row -> new tokens, as of the last sync
@@ -72,7 +73,8 @@ class CallLoop:
     def run(self) -> None:
         if self.policy.expects_no_drafts:
             self.runner.defer_draft()  # the draft reads the prompts only if a round drafts
-        self.rows = self.waves.start()  # prefill and first token of every row the cache budget holds
+        with span("prefill"):
+            self.rows = self.waves.start()  # prefill and first token of every row the cache budget holds
         if not self.rows:
             return
         self.runner.load(self.rows, self.eos_ids)
@@ -80,18 +82,20 @@ class CallLoop:
         ahead = None  # a round started before the last one's bookkeeping, which ran while the device worked
         while True:
             launched = ahead or self._launch_after_sync()
-            sync = self.runner.read()  # the round's one sync (of the current bucket: a move to a smaller one follows)
+            with span("wait"):
+                sync = self.runner.read()  # the round's one sync (of the current bucket)
             seconds = time.perf_counter() - launched.started
             clean = self.runner.warmup_seconds == launched.warmup_before and not launched.caught_up  # no capture
             live = [(r, row) for r, row in zip(self.rows, sync) if r is not None]
             ahead = self._launch_ahead(live)
             self._account(launched, seconds, clean, live, ahead)
-            if self.criteria:
-                self._apply_host_criteria(sync)
-            if self.committer.keep_scores:
-                self._keep_scores(sync)
-            still = self._retire_finished(sync)
-            joined = self.waves.join(self.rows, still, sync, self.eos_ids)  # waiting rows start in freed blocks
+            if self.host_reads:
+                with span("host_reads"):
+                    self._host_reads(sync)
+            with span("retire"):
+                still = self._retire_finished(sync)
+            with span("join"):
+                joined = self.waves.join(self.rows, still, sync, self.eos_ids)  # waiting rows start in freed blocks
             if joined is not None:
                 self.policy.rows_joined()
                 self.rows = joined
@@ -102,8 +106,8 @@ class CallLoop:
                     self.policy.observe(*self.verdicts)  # the call's last (its acceptance: the next call's prior)
                 break
             if bucket_for(len(still)) < self.runner.state.size:
-                # non_blocking: a plain copy to the device waits for the stream, i.e. for the round started ahead
-                self.runner.shrink(torch.tensor(still).to(self.batch.device, non_blocking=True))
+                with span("shrink"):  # non_blocking: the copy waits for the stream (the round started ahead)
+                    self.runner.shrink(torch.tensor(still).to(self.batch.device, non_blocking=True))
                 self.rows = [self.rows[i] for i in still]
         self.metrics.record_totals(**self.runner.statistics())
         self.metrics.k_histogram = dict(sorted(self.policy.histogram.items()))
@@ -130,19 +134,25 @@ class CallLoop:
         """Choose a round's k and start it (graph replays return before the device is done). Called with the device
         idle or one round ahead, so a bucket's first round may capture."""
         runner, policy, bucket = self.runner, self.policy, self.runner.state.size
-        if policy.adaptive and bucket not in self.priced:
-            # the two ends price every k between them (round_costs.py's line), timed clean; another k's graphs are
-            # captured when the policy first picks it (that round is not timed), so warm-up does not grow with k
-            ends = sorted({0, self.spec.k})
-            runner.capture(ends)
-            if runner.key.graphs and not policy.has_costs(bucket):
-                for k, seconds in runner.time_rounds(ends).items():
-                    for sample in seconds:
-                        policy.record_cost(bucket, k, sample)
-            self.priced.add(bucket)
-        k = policy.choose(bucket, live_rows, remaining)
+        with span("choose"):
+            if policy.adaptive and bucket not in self.priced:
+                self._price(bucket)
+            k = policy.choose(bucket, live_rows, remaining)
         warm, started = runner.warmup_seconds, time.perf_counter()
-        return LaunchedRound(k, bucket, started, warm, runner.round(k), live_rows, remaining)
+        with span("launch"):
+            caught_up = runner.round(k)
+        return LaunchedRound(k, bucket, started, warm, caught_up, live_rows, remaining)
+
+    def _price(self, bucket: int) -> None:
+        """The two ends of k price every k between them (round_costs.py's line), timed clean; another k's graphs
+        are captured when the policy first picks it (that round is not timed), so warm-up does not grow with k."""
+        ends = sorted({0, self.spec.k})
+        self.runner.capture(ends)
+        if self.runner.graphed and not self.policy.has_costs(bucket):
+            for k, seconds in self.runner.time_rounds(ends).items():
+                for sample in seconds:
+                    self.policy.record_cost(bucket, k, sample)
+        self.priced.add(bucket)
 
     def _account(self, launched: LaunchedRound, seconds: float, clean: bool, live: list,
                  ahead: Optional[LaunchedRound]) -> None:
@@ -161,8 +171,9 @@ class CallLoop:
     def _learn(self, running: LaunchedRound) -> None:
         """With a round running on the device: the policy takes the last round's verdicts and prepares the
         decision after the one just launched (``running``)."""
-        self.policy.observe(*self.verdicts)
-        self.policy.prepare(running.bucket, running.live_rows, running.remaining)
+        with span("learn"):
+            self.policy.observe(*self.verdicts)
+            self.policy.prepare(running.bucket, running.live_rows, running.remaining)
         self.verdicts = None
 
     def _apply_host_criteria(self, sync: list[RowAtSync]) -> None:
@@ -172,17 +183,26 @@ class CallLoop:
             for i, n in cuts.items():
                 sync[i].done, sync[i].generated, sync[i].kept = True, sync[i].generated - sync[i].kept + n, n
 
-    def _keep_scores(self, sync: list[RowAtSync]) -> None:
-        """``output_scores``: the processed scores of each token this round committed, from the verify's own (the
-        values plain ``generate()`` returns), copied out of the graph's memory in one gather."""
-        scores = self.runner.state.scores
-        per_row = scores.shape[0] // self.runner.state.size
-        kept = [(self.rows[i], i * per_row + j) for i, at in enumerate(sync[: len(self.rows)])
-                if self.rows[i] is not None for j in range(at.kept)]
-        if kept:
-            picked = scores[torch.tensor([at for _, at in kept], device=scores.device)]
-            for (row, _), row_scores in zip(kept, picked):
-                self.committer.scores[row].append(row_scores)
+    def _host_reads(self, sync: list[RowAtSync]) -> None:
+        """Host stopping criteria cut rows first; then what the host keeps of each token the round committed:
+        ``output_scores`` / ``output_logits`` (the verify's own values, which plain ``generate()`` returns) and
+        the streamer's tokens."""
+        if self.criteria:
+            self._apply_host_criteria(sync)
+        c, state = self.committer, self.runner.state
+        kept = [at.kept if row is not None else 0 for row, at in zip(self.rows, sync)]
+        if c.keep_scores or c.keep_logits:
+            scores, logits = state.last_outputs(kept, c.keep_logits)
+            at = 0
+            for row, n in zip(self.rows, kept):
+                for _ in range(n):
+                    c.keep(row, scores[at], None if logits is None else logits[at])
+                    at += 1
+        if c.stream is not None:
+            for row, run, at in zip(self.rows, state.last_runs(kept), sync):
+                if row is not None:
+                    c.stream.add(row, run, at.done)
+            c.stream.flush()
 
     def _retire_finished(self, sync: list[RowAtSync]) -> list[int]:
         """Finished rows go back to the batch (after a round started ahead: its writes past a row's end are cut by

@@ -12,9 +12,9 @@ from typing import Optional
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
+from ..cache import blocks_for, check_paged_support
 from .arguments import check_draft_model
 from .batch_state import SequenceBatch
-from .cache import PagedKVCache, blocks_for, check_paged_support, input_device
 from .config import SpecConfig
 from .tensor_parallel import tp_size
 
@@ -129,8 +129,6 @@ def check_request(model, draft_model, input_ids, generation_config: GenerationCo
     check_paged_support(model)
     if draft_model is not None:
         check_paged_support(draft_model)
-    if streamer is not None and input_ids.shape[0] > 1:
-        raise ValueError(f"streaming needs batch size 1 (got {input_ids.shape[0]} sequences), as in plain generate().")
     if draft_model is not None:
         vocab = check_vocabularies(model, draft_model)
     else:
@@ -179,24 +177,3 @@ def cache_budget(target: PreTrainedModel, draft, batch: SequenceBatch, spec: Spe
         blocks = int((free + held_bytes) * spec.cache_memory_fraction) // per_block
         return blocks, f"Raise SpecConfig.cache_memory_fraction (now {spec.cache_memory_fraction})."
     return None, "Set SpecConfig.cache_tokens to a larger budget."
-
-
-def build_caches(target: PreTrainedModel, draft: PreTrainedModel, batch: SequenceBatch,
-                 spec: SpecConfig) -> tuple[PagedKVCache, PagedKVCache]:
-    """Both caches get the same number of blocks: every token needs a slot in each (vLLM splits evenly)."""
-    bs = spec.block_size
-    per_seq = max(batch.real_len(b) for b in range(batch.size)) + batch.max_new_tokens + spec.num_speculative_tokens + 1
-    num_blocks, hint = cache_budget(target, draft, batch, spec)
-    if num_blocks is None:
-        num_blocks = sum(blocks_for(batch.real_len(b) + batch.max_new_tokens + spec.num_speculative_tokens + 1, bs)
-                         for b in range(batch.size))
-    if num_blocks < 1:
-        raise ValueError(f"the KV cache budget gives no block of {bs} tokens; {hint}")
-    caches = []
-    for m in (target, draft):
-        if m is None:  # a proposer without a draft model (n-gram)
-            caches.append(None)
-            continue
-        device = input_device(m)
-        caches.append(PagedKVCache(num_blocks, bs, batch.size, per_seq, device, hint))
-    return caches[0], caches[1]

@@ -1,13 +1,11 @@
 """One speculative round of k drafts as fixed-shape tensor code over a ``BucketState``: what the
-graphs capture (one pair of graphs per bucket and per k the round length policy picks).
+runner executes, eagerly or captured in CUDA graphs (one pair of graphs per bucket and per k the
+speculation-length policy picks). ``RoundSpec.stages`` hands the runner the round's two stages:
 
-    propose   n-gram: prompt lookup over ``hist`` (kernels/ngram_lookup.py), per-row counts.
-              draft model: step 1 feeds 2 tokens per row (positions length-2, length-1: the last
-              draft plus the bonus token after a fully accepted round, otherwise an already
-              cached token re-fed, an identical K/V rewrite); steps 2..k feed 1 token.
-              Drafts go into ``hist`` after the committed tokens.
-    verify    one target forward of k+1 tokens per row ([y_last, x_1..x_k]), the same
-              logits processors, then greedy / rejection / typical acceptance (kernels/).
+    propose   the proposer of ``SpecConfig.method`` (proposers.py: a draft model, prompt lookup)
+              writes up to k drafts per row after its committed tokens.
+    verify    one target forward of k+1 tokens per row ([y_last, x_1..x_k]), the call's logits
+              processors (logits/), then greedy / rejection / typical acceptance (kernels/).
     commit    cut at EOS and max_new_tokens, append, advance lengths: on the device.
 
 No host synchronisation, no value-dependent shape, no Python branch on tensor values:
@@ -18,17 +16,19 @@ the same code runs eagerly on CPU (the tests) and captured in CUDA graphs on GPU
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Optional
 
 import torch
 
 from .. import kernels
-from ..sampling import choose_tokens, cut_to_counts
-from .bucket_state import BucketState
-from .paged_model import PagedModel
+from ..runner.bucket_state import BucketState
+from ..runner.paged_model import PagedModel
+from .proposers import PROPOSERS
+from .sampling import choose_tokens, cut_to_counts
 
 # scores (R, V), history (B, W), history row of each score row (R,), input_ids length (R,),
-# batch_rows= the call's batch row of each score row (R,) -> scores; see graph_logits.GraphLogits
+# batch_rows= the call's batch row of each score row (R,) -> scores; see logits/graph_logits.py
 LogitsFn = Callable[..., torch.Tensor]
 
 
@@ -43,56 +43,22 @@ class RoundSpec:
     generator: Optional[torch.Generator] = None
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
-    method: str = "draft"  # or "ngram"
+    method: str = "draft"  # the proposer (proposers.PROPOSERS)
     ngram_sizes: tuple = (1, 3)  # (min n, max n) of the prompt lookup
 
+    @property
+    def draft_model(self) -> Optional[str]:
+        """The runner's name of the model the proposer drafts with (None: it needs none, or k = 0)."""
+        return PROPOSERS[self.method].model if self.k else None
 
-def propose_ngram(s: BucketState, spec: RoundSpec, k: int) -> None:
-    """Prompt lookup: ``s.drafts[:, :k]`` and ``s.counts`` (rows without a match propose nothing)."""
-    drafts, counts = kernels.ngram_drafts(s.hist, s.pads, s.length, k, *spec.ngram_sizes)
-    end = s.pads + s.length
-    s.hist.scatter_(1, end[:, None] + torch.arange(k, device=s.hist.device), drafts)
-    s.drafts[:, :k] = drafts
-    s.counts.copy_(counts)
+    def stages(self, s: BucketState, models: dict, k: int) -> list[tuple[str, Callable[[], None]]]:
+        """A round of ``k <= self.k`` drafts: ``[(name, stage)]``, propose (k > 0) then verify and commit."""
+        verify = ("verify", partial(verify_and_commit, s, models["target"], self, k))
+        return [("propose", partial(PROPOSERS[self.method].propose, s, models, self, k)), verify] if k else [verify]
 
-
-def catch_up_draft(s: BucketState, draft: PagedModel, width: int, compiled: bool) -> None:
-    """The draft model read nothing during ``s.behind`` rounds of k = 0 (one token each): feed it ``width``
-    of those tokens, the oldest first, and count them off ``s.behind`` (a graph of a fixed width replays
-    until none is left; the last window ends at position ``length-3``, so that ``propose`` finds its usual
-    state). Feeding more than were missed re-feeds cached tokens (identical K/V); a row shorter than
-    ``width + 2`` starts at position 0 and writes K/V past its length, which later rounds overwrite before
-    reading. Done and padding rows write only positions 0 and 1 of their own (or the scratch) blocks.
-    ``compiled=False`` runs the uncompiled draft (an odd ``width`` would recompile it)."""
-    device = s.hist.device
-    span = torch.arange(width, device=device)
-    start = torch.minimum(s.length - 2 - s.behind, s.length - 2 - width).clamp(min=0)
-    positions = torch.where(s.done[:, None], span % 2, start[:, None] + span)
-    input_ids = s.hist.gather(1, (s.pads + start)[:, None] + span).view(-1)
-    seq_lens = torch.where(s.done, width, start + width)
-    draft.forward(input_ids, positions.reshape(-1), s.draft_tables, seq_lens, width, True,
-                  eager=not compiled)
-    s.behind.sub_(width).clamp_(min=0)
-
-
-def propose(s: BucketState, draft: PagedModel, spec: RoundSpec, k: int) -> None:
-    """k draft steps; ``s.drafts[:, :k]`` (and ``s.draft_probs`` when sampling) receive the proposals."""
-    B, device = s.size, s.hist.device
-    rows = torch.arange(B, device=device)
-    two = torch.arange(2, device=device)
-    end = s.pads + s.length  # history column of the first draft
-    positions = ((s.length - 2)[:, None] + two).view(-1)
-    input_ids = s.hist.gather(1, (end - 2)[:, None] + two).view(-1)
-    s.counts.fill_(k)
-    for j in range(k):
-        logits = draft.forward(input_ids, positions, s.draft_tables, s.length + j, 2 if j == 0 else 1, True)
-        scores = spec.logits(logits, s.hist, rows, end + j, batch_rows=s.batch_row)
-        tokens, probs = choose_tokens(scores, spec.do_sample, spec.generator)
-        s.hist.scatter_(1, (end + j)[:, None], tokens[:, None])
-        s.drafts[:, j] = tokens
-        if probs is not None:
-            s.draft_probs[:, j] = probs
-        input_ids, positions = tokens, s.length + j
+    def catch_up(self, s: BucketState, models: dict, width: int, compiled: bool) -> None:
+        """The proposer's model reads ``width`` of the tokens it missed (``DraftModelProposer.catch_up``)."""
+        PROPOSERS[self.method].catch_up(s, models[self.draft_model], width, compiled)
 
 
 def verify_and_commit(s: BucketState, target: PagedModel, spec: RoundSpec, k: int) -> None:
@@ -105,7 +71,8 @@ def verify_and_commit(s: BucketState, target: PagedModel, spec: RoundSpec, k: in
     logits = target.forward(input_ids, positions, s.target_tables, s.length + k, k + 1, False)
     rows = torch.arange(B, device=device).repeat_interleave(k + 1)
     scores = spec.logits(logits, s.hist, rows, (end[:, None] + span).view(-1), batch_rows=s.batch_row[rows])
-    s.scores = scores  # read by host stopping criteria; a captured graph rewrites this same memory
+    s.scores, s.logits = scores, logits  # read at the sync (host criteria, output_scores/logits); a captured
+    # graph rewrites this same memory
     emitted, accepted = accept(s, scores, spec, k)
     if spec.method == "ngram" and k:
         emitted, accepted = cut_to_counts(emitted, accepted, s.counts, scores, spec.do_sample, spec.generator)

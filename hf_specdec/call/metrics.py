@@ -50,19 +50,8 @@ class SpecMetrics:
         """Share of drafts whose j-th token was accepted (as part of the accepted prefix)."""
         return [a / self.num_drafts if self.num_drafts else 0.0 for a in self.accepted_per_position]
 
-    def record_round(self, num_accepted: list, k: int, counts: list = None) -> None:
-        """One round of the eager path: ``counts`` drafts per row (None: k each; 0 for a row that did
-        not propose)."""
-        counts = [k] * len(num_accepted) if counts is None else counts
-        self.num_rounds += 1
-        self.k_histogram[k] = self.k_histogram.get(k, 0) + 1
-        if k == 0:
-            return
-        self.record_totals(len(num_accepted), sum(c > 0 for c in counts), sum(counts), sum(num_accepted),
-                           [sum(a > j for a in num_accepted) for j in range(k)])
-
     def record_totals(self, rows: int, drafts: int, draft_tokens: int, accepted: int, per_position: list) -> None:
-        """Statistics of rounds that proposed (the fast path's are summed on the device over the call)."""
+        """Statistics of rounds that proposed (summed on the device over the call)."""
         self.num_row_rounds += rows
         self.num_drafts += drafts
         self.num_draft_tokens += draft_tokens

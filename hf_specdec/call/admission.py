@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Optional
 
+from ..cache import CacheBudgetError, blocks_for
 from .batch_state import SequenceBatch
-from .cache import CacheBudgetError, blocks_for
 
 
 class Admission:

@@ -15,14 +15,14 @@ import torch
 from transformers import PreTrainedModel
 
 from .batch_state import SequenceBatch
-from .commit import Committer
-from .logits import LogitsPipeline
+from .committer import Committer
 
 
 @torch.no_grad()
-def add_padding_steps(model: PreTrainedModel, batch: SequenceBatch, committer: Committer, logits: LogitsPipeline,
+def add_padding_steps(model: PreTrainedModel, batch: SequenceBatch, committer: Committer, logits,
                       pad_token_id: int, vocab_size: int) -> None:
-    """Extend ``committer.scores`` / ``committer.logits`` of every row shorter than the longest."""
+    """Extend ``committer.scores`` / ``committer.logits`` of every row shorter than the longest (``logits``: the
+    call's processors, a ``GraphLogits`` or ``HostLogits``)."""
     if not (committer.keep_scores or committer.keep_logits):
         return
     steps = max(batch.gen_len, default=0)
@@ -33,6 +33,7 @@ def add_padding_steps(model: PreTrainedModel, batch: SequenceBatch, committer: C
     sequences = batch.sequences(pad_token_id)  # plain generate's input_ids, pad after a row's end
     first = min(batch.gen_len[b] for b in short)
     rows = torch.tensor(short, device=device)
+    every = torch.arange(batch.size, device=device)
     mask = (torch.arange(P + steps - 1, device=device) >= torch.tensor(batch.pads, device=device)[:, None]).long()
     kwargs = {"input_ids": sequences[rows, : P + steps - 1], "attention_mask": mask[rows]}
     if "position_ids" in inspect.signature(model.forward).parameters:
@@ -46,9 +47,6 @@ def add_padding_steps(model: PreTrainedModel, batch: SequenceBatch, committer: C
             full = step_raw.new_zeros(batch.size, step_raw.shape[-1])
             full[members] = step_raw
             ids = sequences[:, : P + t]
-            scores = logits(full, ids, list(range(batch.size)), [P + t] * batch.size)[members]
+            scores = logits(full, ids, every, torch.full_like(every, P + t), batch_rows=every)[members]
         for i, b in enumerate(members.tolist()):
-            if committer.keep_scores:
-                committer.scores[b].append(scores[i])
-            if committer.keep_logits:
-                committer.logits[b].append(step_raw[i])
+            committer.keep(b, scores[i] if committer.keep_scores else None, step_raw[i])

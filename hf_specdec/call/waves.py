@@ -9,21 +9,23 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
+
+from ..round.fixed_round import RoundSpec
+from ..round.sampling import choose_tokens
+from ..runner import RowAtSync, SpecRunner
+from ..runner.row_blocks import free_rows, rejoin, reserve_rows
 from .admission import Admission
 from .batch_state import SequenceBatch
-from .commit import Committer
-from .logits import LogitsPipeline
+from .committer import Committer
 from .metrics import StageTimer
-from .runner import RoundSpec, RowAtSync, SpecRunner
-from .runner.row_blocks import free_rows, rejoin, reserve_rows
-from .sampling import choose_tokens
 
 
 class FastRows:
     def __init__(self, runner: SpecRunner, batch: SequenceBatch, admission: Admission, spec: RoundSpec,
-                 logits: LogitsPipeline, committer: Committer, timer: StageTimer):
+                 committer: Committer, timer: StageTimer):
         self.runner, self.batch, self.admission, self.spec = runner, batch, admission, spec
-        self.logits, self.committer, self.timer = logits, committer, timer
+        self.committer, self.timer = committer, timer
 
     def start(self) -> list[int]:
         """Start every waiting row that fits; the batch rows still live after their first token."""
@@ -56,8 +58,10 @@ class FastRows:
         warm = self.runner.warmup_seconds
         with self.timer("prefill_seconds"):
             raw = self.runner.prefill(rows)
-            scores = self.logits(raw, batch.tokens, *batch.history_lens(rows, 1))
+            index = torch.tensor(rows, device=batch.device)
+            ends = torch.tensor([batch.end(b) for b in rows], device=batch.device)
+            scores = spec.logits(raw, batch.tokens, index, ends, batch_rows=index)
             first, _ = choose_tokens(scores, spec.do_sample, spec.generator)
         self.timer.metrics.prefill_seconds -= self.runner.warmup_seconds - warm  # a new shape's capture: warm-up
-        self.finish(self.committer.commit(batch, rows, [[t] for t in first.tolist()], scores, raw, 1))
+        self.finish(self.committer.commit_first(batch, rows, first.tolist(), scores, raw))
         return [b for b in rows if not batch.finished[b]]

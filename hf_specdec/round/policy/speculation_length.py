@@ -45,7 +45,7 @@ slowest set the pace).
   fixed k there.
 * ``c(B, k)``: the wall time of rounds of that bucket and k on this machine (``round_costs.py``: the
   median of recent clean measurements, others on a line). The runner times rounds of k = 0 and k_max
-  when it first uses a bucket (other k are captured and measured when first chosen); the eager path learns them from its rounds: until ``k_max`` and ``0`` are both
+  when it first uses a bucket (other k are captured and measured when first chosen); without graphs it learns them from its rounds: until ``k_max`` and ``0`` are both
   measured for a bucket, the policy tries them.
 * The slowest row at a call's start: rows that have not drafted yet are all at the prior, but the slowest
   of them is not; they count as the slowest of as many rows spread as the batch's rows are

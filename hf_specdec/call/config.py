@@ -39,12 +39,9 @@ class SpecConfig:
         per call, which captures anew each time.
     sync_stage_timing: synchronise the device around each stage so that the stage times in
         spec_metrics are exact (costs a little speed on GPU).
-    bucketed: run rounds on the fixed-shape runner (rows padded to batch buckets, bookkeeping
-        on the device, one host synchronisation per round). None: where CUDA graphs run.
-        True forces it (also on CPU, without graphs: how the tests cover it; prompts are then
-        read in fixed shapes too, as graphs read them); False forces the ragged eager path.
     cuda_graphs: capture the runner's draft loop and verify in CUDA graphs. None: on where
-        CUDA is available; True on CPU raises.
+        CUDA is available (and the request allows: ``spec_metrics.fast_path`` says why not); False
+        runs the same rounds without graphs; True on CPU raises.
     compile: torch.compile the models (one compiled decoder layer serves all layers; the compiled code is
         kept on disk under $HF_SPECDEC_CACHE, default $HF_HOME/hf_specdec; HF_SPECDEC_DISABLE_CACHE=1
         keeps it in memory only). None: on where CUDA graphs run, compiled in the background: calls
@@ -71,7 +68,6 @@ class SpecConfig:
     cache_memory_fraction: Optional[float] = None
     generator: Optional[torch.Generator] = None
     sync_stage_timing: bool = False
-    bucketed: Optional[bool] = None
     cuda_graphs: Optional[bool] = None
     compile: Optional[bool] = None
     draft_tp: Optional[int] = None
@@ -86,14 +82,9 @@ class SpecConfig:
         if not all(isinstance(n, int) and not isinstance(n, bool) for n in (lo, hi)) or not 1 <= lo <= hi <= 32:
             raise ValueError(f"SpecConfig.prompt_lookup_min/max must be ints with 1 <= min <= max <= 32; "
                              f"got {lo!r}, {hi!r}.")
-        for name in ("bucketed", "cuda_graphs", "compile", "adaptive"):
+        for name in ("cuda_graphs", "compile", "adaptive"):
             if getattr(self, name) not in (None, True, False):
                 raise ValueError(f"SpecConfig.{name} must be None, True or False; got {getattr(self, name)!r}.")
-        if k == 0 and self.bucketed is False:
-            raise ValueError("SpecConfig.num_speculative_tokens=0 (plain decoding) runs on the bucketed runner; "
-                             "drop bucketed=False or set num_speculative_tokens >= 1.")
-        if self.bucketed is False and (self.cuda_graphs or self.compile):
-            raise ValueError("SpecConfig.cuda_graphs/compile need the bucketed runner; drop bucketed=False.")
         if self.compile and self.cuda_graphs is False:
             raise ValueError("SpecConfig.compile=True needs CUDA graphs; drop cuda_graphs=False or compile=True.")
         if self.acceptance not in ACCEPTANCE_METHODS:

@@ -1,0 +1,1 @@
+"""Hugging Face's logits processors and stopping criteria applied to a round's many positions."""

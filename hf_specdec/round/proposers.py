@@ -1,0 +1,97 @@
+"""Proposers: what fills a round's drafts. The interface the round calls (after transformers'
+``CandidateGenerator``: small, one method per round), implemented here by a draft model and by
+prompt lookup; a future proposer (a draft head on the target's hidden states) implements the same.
+
+    model           the paged model it drafts with, by the runner's name for it ("draft"), or None.
+                    The runner gives that model a paged cache, prefills it with the prompts, and
+                    calls ``catch_up`` when the model has missed tokens (rounds of k = 0).
+    propose(s, models, spec, k)
+                    writes ``s.drafts[:, :k]`` and the drafts into ``s.hist`` after each row's
+                    committed tokens, ``s.counts`` (real drafts per row, at most k) and, when
+                    sampling from a distribution, ``s.draft_probs[:, :k]`` (None: point masses).
+
+Both are fixed-shape tensor code over a ``BucketState``: no host synchronisation, no shape that
+depends on values, so they run eagerly on CPU and captured in a CUDA graph on a GPU.
+"""
+from __future__ import annotations
+
+from typing import Optional, Protocol
+
+import torch
+
+from .. import kernels
+from ..runner.bucket_state import BucketState
+from ..runner.paged_model import PagedModel
+from .sampling import choose_tokens
+
+
+class Proposer(Protocol):
+    model: Optional[str]
+
+    def propose(self, s: BucketState, models: dict, spec, k: int) -> None:
+        """Up to ``k`` drafts per row of ``s`` (see the module's docstring)."""
+
+    # and, where ``model`` is not None:
+    # catch_up(s, model: PagedModel, width: int, compiled: bool): the model reads ``width`` missed tokens
+
+
+class DraftModelProposer:
+    """k autoregressive steps of a small model on its own paged cache. Step 1 feeds 2 tokens per row
+    (positions length-2, length-1: the last draft plus the bonus token after a fully accepted round,
+    otherwise an already cached token re-fed, an identical K/V rewrite); steps 2..k feed 1 token."""
+
+    model = "draft"
+
+    def propose(self, s: BucketState, models: dict, spec, k: int) -> None:
+        draft: PagedModel = models["draft"]
+        B, device = s.size, s.hist.device
+        rows = torch.arange(B, device=device)
+        two = torch.arange(2, device=device)
+        end = s.pads + s.length  # history column of the first draft
+        positions = ((s.length - 2)[:, None] + two).view(-1)
+        input_ids = s.hist.gather(1, (end - 2)[:, None] + two).view(-1)
+        s.counts.fill_(k)
+        for j in range(k):
+            logits = draft.forward(input_ids, positions, s.draft_tables, s.length + j, 2 if j == 0 else 1, True)
+            scores = spec.logits(logits, s.hist, rows, end + j, batch_rows=s.batch_row)
+            tokens, probs = choose_tokens(scores, spec.do_sample, spec.generator)
+            s.hist.scatter_(1, (end + j)[:, None], tokens[:, None])
+            s.drafts[:, j] = tokens
+            if probs is not None:
+                s.draft_probs[:, j] = probs
+            input_ids, positions = tokens, s.length + j
+
+    @staticmethod
+    def catch_up(s: BucketState, draft: PagedModel, width: int, compiled: bool) -> None:
+        """The draft model read nothing during ``s.behind`` rounds of k = 0 (one token each): feed it ``width``
+        of those tokens, the oldest first, and count them off ``s.behind`` (a graph of a fixed width replays
+        until none is left; the last window ends at position ``length-3``, so that ``propose`` finds its usual
+        state). Feeding more than were missed re-feeds cached tokens (identical K/V); a row shorter than
+        ``width + 2`` starts at position 0 and writes K/V past its length, which later rounds overwrite before
+        reading. Done and padding rows write only positions 0 and 1 of their own (or the scratch) blocks.
+        ``compiled=False`` runs the uncompiled draft (an odd ``width`` would recompile it)."""
+        device = s.hist.device
+        span = torch.arange(width, device=device)
+        start = torch.minimum(s.length - 2 - s.behind, s.length - 2 - width).clamp(min=0)
+        positions = torch.where(s.done[:, None], span % 2, start[:, None] + span)
+        input_ids = s.hist.gather(1, (s.pads + start)[:, None] + span).view(-1)
+        seq_lens = torch.where(s.done, width, start + width)
+        draft.forward(input_ids, positions.reshape(-1), s.draft_tables, seq_lens, width, True, eager=not compiled)
+        s.behind.sub_(width).clamp_(min=0)
+
+
+class NgramProposer:
+    """Prompt lookup (``kernels/ngram_lookup.py``): the tokens that followed the longest earlier match of each
+    row's last n tokens (n from ``spec.ngram_sizes``); a row without a match proposes nothing."""
+
+    model = None
+
+    def propose(self, s: BucketState, models: dict, spec, k: int) -> None:
+        drafts, counts = kernels.ngram_drafts(s.hist, s.pads, s.length, k, *spec.ngram_sizes)
+        end = s.pads + s.length
+        s.hist.scatter_(1, end[:, None] + torch.arange(k, device=s.hist.device), drafts)
+        s.drafts[:, :k] = drafts
+        s.counts.copy_(counts)
+
+
+PROPOSERS = {"draft": DraftModelProposer(), "ngram": NgramProposer()}
