@@ -154,7 +154,7 @@ def aggregate_metrics(dicts: list[dict]) -> dict:
         return {}
     agg = {}
     for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_rounds", "num_emitted_tokens",
-                "num_row_rounds", "propose_seconds", "score_seconds", "verify_seconds", "prefill_seconds",
+                "num_row_rounds", "prefill_seconds",
                 "round_seconds", "total_seconds", "warmup_seconds", "decode_seconds"):
         vals = [d.get(key) for d in dicts if d.get(key) is not None]
         if vals:

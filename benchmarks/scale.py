@@ -34,6 +34,11 @@ Random weights (nothing downloaded) in Llama-3.1-8B's shapes for the target and 
     python benchmarks/scale.py --batches 1 --skip-hf --out $OUT/scale_b1.json  # a quicker part
     python benchmarks/scale.py --shapes tiny --out /tmp/scale_tiny.json      # CPU smoke (no graphs, no compile)
     python benchmarks/scale.py --report $OUT/scale_8b.json                   # markdown tables (stdout)
+    python benchmarks/scale.py --batches "" --long-prompts 2048,8192 --out $OUT/long.json  # 7. below
+
+7. with --long-prompts: time to first token at b = 1 for each length, ours (SpecConfig() with the draft: both
+   models read the prompt) against HF's generate(max_new_tokens=1), and the peak memory of a b = 32 call with
+   --long-batch-prompt tokens a row (long_prompts()).
 
 --shapes tiny runs on the CPU (fp32, the runner without graphs, no CUDA events): the same code paths with a
 perf_counter timer and CPU ops counted in place of kernels; its numbers mean nothing. The JSON is rewritten after
@@ -250,6 +255,50 @@ def measure_batch(target, draft, batch: int, res: dict, args, device: torch.devi
     return row
 
 
+def long_prompts(target, draft, args, device: torch.device) -> dict:
+    """Time to first token at b = 1 for each --long-prompts length, as users meet it: generate(max_new_tokens=1)
+    with SpecConfig() and the draft (both models read the prompt) against Hugging Face's own generate (dynamic
+    cache, the model's attention implementation), median of 3 after a warm call each; then the peak memory of a
+    b = 32 call with --long-batch-prompt tokens a row (caches sized automatically), against the GPU's memory."""
+    lengths = [int(n) for n in args.long_prompts.split(",") if n.strip()]
+    longest = max(lengths + [args.long_batch_prompt]) + 64
+    for m in (target, draft):  # rotary positions are computed, not tabled: the limit is a check only
+        m.config.max_position_embeddings = max(m.config.max_position_embeddings, longest)
+    cuda = device.type == "cuda"  # no background compile beside the timings (a prefill runs the model as it is)
+    spec = hf_specdec.SpecConfig(cuda_graphs=cuda or None, compile=False if cuda else None)
+    out = {"ttft_ms": {}, "attn_implementation": target.config._attn_implementation}
+    for n in lengths:
+        prompt = random_prompt(target.config.vocab_size, 1, n, device)
+        calls = {"ours": lambda: target.generate(**prompt, max_new_tokens=1, do_sample=False, eos_token_id=None,
+                                                 pad_token_id=0, assistant_model=draft, spec_config=spec),
+                 "hf": lambda: target.generate(**prompt, max_new_tokens=1, do_sample=False, eos_token_id=None,
+                                               pad_token_id=0)}
+        row = {}
+        for name, call in calls.items():
+            call()
+            times = []
+            for _ in range(3):
+                sync(device)
+                start = time.perf_counter()
+                call()
+                sync(device)
+                times.append((time.perf_counter() - start) * 1e3)
+            row[name] = statistics.median(times)
+        row["ours_over_hf"] = row["ours"] / row["hf"]
+        out["ttft_ms"][str(n)] = row
+        log(f"time to first token, {n} tokens: ours {row['ours']:.1f} ms, HF {row['hf']:.1f} ms")
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        prompt = random_prompt(target.config.vocab_size, 32, args.long_batch_prompt, device)
+        target.generate(**prompt, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0,
+                        assistant_model=draft, spec_config=spec)
+        peak, total = torch.cuda.max_memory_allocated(device), torch.cuda.get_device_properties(device).total_memory
+        out["b32_memory"] = {"prompt": args.long_batch_prompt, "peak_gb": peak / 1e9, "gpu_gb": total / 1e9,
+                             "fits_80gb": peak < 80e9}
+        log(f"b = 32 x {args.long_batch_prompt} tokens: peak {peak / 1e9:.1f} GB of {total / 1e9:.0f} GB")
+    return out
+
+
 def print_summary(row: dict) -> None:
     s, kt = row["floor_share"], row["kernels"]
     log(f"b={row['batch']}: floor shares " + " ".join(f"{n} {v:.2f}" for n, v in s.items()))
@@ -277,6 +326,8 @@ def parse_args(argv=None):
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                     help="auto: CUDA for 8b where there is one, CPU for tiny")
     ap.add_argument("--skip-hf", action="store_true", help="no HF compiled baseline (saves ~40 s a batch size)")
+    ap.add_argument("--long-prompts", default="", help="prompt lengths for time to first token, e.g. 2048,8192")
+    ap.add_argument("--long-batch-prompt", type=int, default=4096, help="tokens a row of the b = 32 memory check")
     ap.add_argument("--out", help="JSON of the results")
     ap.add_argument("--report", nargs="+", metavar="JSON", help="print the markdown tables of these files and exit")
     args = ap.parse_args(argv)
@@ -316,6 +367,8 @@ def main(argv=None) -> dict | None:
         print_summary(row)
         if args.out:
             write_json(args.out, res)  # a run cut short keeps its batch sizes
+    if args.long_prompts:
+        res["long_prompts"] = long_prompts(target, draft, args, device)
     res["total_s"] = time.perf_counter() - T0
     if args.out:
         write_json(args.out, res)

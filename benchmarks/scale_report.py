@@ -181,6 +181,19 @@ def _projection_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _long_prompt_table(long: dict | None) -> list[str]:
+    if not long:
+        return []
+    lines = ["", "Time to first token at b = 1 (ms; ours: SpecConfig() with the draft, both models read the prompt)", "",
+             "| prompt tokens | ours | HF generate | ours / HF |", "|---|---|---|---|"]
+    lines += [f"| {n} | {r['ours']:.1f} | {r['hf']:.1f} | {r['ours_over_hf']:.2f} |" for n, r in long["ttft_ms"].items()]
+    mem = long.get("b32_memory")
+    if mem:
+        lines += ["", f"b = 32 x {mem['prompt']} tokens with the draft: peak {mem['peak_gb']:.1f} GB allocated "
+                      f"(GPU {mem['gpu_gb']:.0f} GB; under 80 GB: {mem['fits_80gb']})"]
+    return lines
+
+
 def report(results: list[dict]) -> str:
     lines = []
     for res in results:
@@ -190,5 +203,6 @@ def report(results: list[dict]) -> str:
         if ratios:
             lines += ["", "Cost at b over cost at the smallest b: " + "; ".join(
                 f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in vals.items()) for name, vals in ratios.items())]
+        lines += _long_prompt_table(res.get("long_prompts"))
         lines.append("")
     return "\n".join(lines)

@@ -24,7 +24,7 @@ from .call.arguments import as_spec_config
 from .call.batch_state import SequenceBatch
 from .call.committer import Committer
 from .call.config import SpecConfig
-from .call.loop import round_spec, run_fast
+from .call.loop import run_fast
 from .call.metrics import SpecMetrics, StageTimer
 from .call.padding_steps import add_padding_steps
 from .call.path_choice import choose_path
@@ -32,6 +32,7 @@ from .call.request import cache_budget, check_request
 from .call.stream_feed import StreamFeed
 from .call.tensor_parallel import check_ranks_agree, lockstep_generator, lockstep_group
 from .call.timeline import span
+from .round.fixed_round import RoundSpec
 from .round.policy.speculation_length import GRAPH_HOLD_ROUNDS, SpeculationLength
 from .runner import runner_for
 
@@ -98,9 +99,9 @@ class _Call:
                              "from their own timings; drop adaptive=True (the default is a fixed k there).")
         adaptive = spec_config.adaptive if spec_config.adaptive is not None else (gen is None and group is None)
         self.runner = runner = runner_for(model, draft)
-        self.spec = round_spec(k, do_sample, spec_config.acceptance, path.logits, gen,
-                               spec_config.posterior_threshold, spec_config.posterior_alpha, spec_config.method,
-                               (spec_config.prompt_lookup_min, spec_config.prompt_lookup_max))
+        self.spec = RoundSpec(k, do_sample, spec_config.acceptance if do_sample else "greedy", path.logits, gen,
+                              spec_config.posterior_threshold, spec_config.posterior_alpha, spec_config.method,
+                              (spec_config.prompt_lookup_min, spec_config.prompt_lookup_max))
         blocks, hint = cache_budget(model, draft, batch, spec_config, runner.pool_bytes())
         self.admission = Admission(batch, spec_config.block_size, blocks, hint)  # a row too large fails here
         runner.begin(batch, self.spec, path.logits.signature, request.vocab_size, path.graphs, path.compile,
@@ -124,7 +125,7 @@ def _finish(batch: SequenceBatch, request, generation_config, committer: Committ
     B, V = batch.size, request.vocab_size
     return SpecDecodeOutput(
         sequences=sequences,
-        scores=committer.per_step(committer.scores, B, V, batch.device) if generation_config.output_scores else None,
-        logits=committer.per_step(committer.logits, B, V, batch.device) if generation_config.output_logits else None,
+        scores=committer.per_step("scores", B, V, batch.device) if generation_config.output_scores else None,
+        logits=committer.per_step("logits", B, V, batch.device) if generation_config.output_logits else None,
         spec_metrics=metrics,
     )

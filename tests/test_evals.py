@@ -180,3 +180,23 @@ def test_host_timeline_splits_a_call_whole(pair, tmp_path):
             assert {"setup", "prefill", "choose", "retire", "join", "finish"} <= set(c["steps"]), c["steps"]
             assert sum(c["steps"].values()) + c["outside_steps"] == pytest.approx(c["call"], abs=1e-2)
             assert 0 <= c["bookkeeping_syncs"] < c["rounds"] and c["fast_path"] == "bucketed"
+
+
+@needs_data
+def test_version_ab_runs_each_variant_in_its_own_process(pair, tmp_path):
+    """benchmarks/version_ab.py on CPU: each variant's process imports hf_specdec from its own root (a copy of this
+    one here), and every configuration gets a rate per variant."""
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(os.path.join(REPO, "hf_specdec"), other / "hf_specdec")
+    out = tmp_path / "ab.json"
+    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "version_ab.py"), "--pair", str(pair), "--prompts",
+           HUMANEVAL, "--variants", f"copy={other}", f"here={REPO}", "--device", "cpu", "--batch-sizes", "2",
+           "--num-prompts", "2", "--max-new-tokens", "6", "--passes", "1", "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    report = json.load(open(out))
+    assert [r["hf_specdec"] for r in report["runs"]] == [str(other / "hf_specdec"), os.path.join(REPO, "hf_specdec")]
+    assert set(report["table"]) == {"b2_k3", "b2_k3_scores", "b2_adaptive"}
+    assert all(r[k]["tok_s"] > 0 and r[k]["fast_path"] == "bucketed" for r in report["runs"] for k in report["table"])

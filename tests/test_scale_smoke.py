@@ -1,5 +1,6 @@
 """benchmarks/scale.py --shapes tiny on the CPU: every code path that runs without CUDA (copy bandwidth, weight
 bytes and floors, the runner's stage costs, HF's static-cache step, CPU ops in place of kernels, projection,
+long-prompt time to first token,
 report), and the projection recomputed from the JSON's measured costs by the formula in its docstring."""
 import json
 import os
@@ -18,7 +19,8 @@ STEPS = ("target_step", "plain_round", "plain_step_wall", "draft_step", "draft_f
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("scale") / "scale_tiny.json"
-    scale.main(["--shapes", "tiny", "--device", "cpu", "--batches", "1,2", "--repeats", "3", "--out", str(out)])
+    scale.main(["--shapes", "tiny", "--device", "cpu", "--batches", "1,2", "--repeats", "3", "--long-prompts", "40,80",
+                "--out", str(out)])
     with open(out) as fh:
         return json.load(fh)
 
@@ -100,3 +102,12 @@ def test_report(result, tmp_path):
     path = tmp_path / "r.json"
     path.write_text(json.dumps(result))
     scale.main(["--report", str(path)])  # the command line's --report path
+
+
+def test_long_prompts_time_the_first_token_of_both(result):
+    long = result["long_prompts"]
+    assert sorted(long["ttft_ms"], key=int) == ["40", "80"]
+    for row in long["ttft_ms"].values():
+        assert row["ours"] > 0 and row["hf"] > 0 and row["ours_over_hf"] == pytest.approx(row["ours"] / row["hf"])
+    assert "b32_memory" not in long  # a CUDA measurement
+    assert "Time to first token" in report([result])

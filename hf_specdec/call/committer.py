@@ -27,13 +27,18 @@ class Committer:
             [c for c in (stopping_criteria or []) if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))]
         )
         self.stream, self.keep_scores, self.keep_logits = stream, keep_scores, keep_logits
-        self.scores: dict[int, list[torch.Tensor]] = defaultdict(list)
-        self.logits: dict[int, list[torch.Tensor]] = defaultdict(list)
+        # what output_scores / output_logits return, in chunks of tokens: (step of each, batch row of each, values)
+        self.kept: dict[str, list[tuple[list[int], list[int], torch.Tensor]]] = {"scores": [], "logits": []}
+        self.steps_kept: dict[int, int] = defaultdict(int)  # batch row -> steps kept so far
 
     @property
-    def reads_each_round(self) -> bool:
-        """Host work on every round's tokens: no round may start before it is done."""
-        return bool(self.criteria) or self.keep_scores or self.keep_logits or self.stream is not None
+    def reads_tokens(self) -> bool:
+        """Host work on each round's tokens before the next round may start (criteria cut rows, a streamer)."""
+        return bool(self.criteria) or self.stream is not None
+
+    @property
+    def keeps_outputs(self) -> bool:
+        return self.keep_scores or self.keep_logits
 
     def commit_first(self, batch: SequenceBatch, rows: list[int], first: list[int], scores: torch.Tensor,
                      raw: torch.Tensor) -> list[int]:
@@ -43,35 +48,41 @@ class Committer:
         if self.criteria:
             hits = stop_hits(self.criteria, batch.tokens, rows, [batch.end(b) + 1 for b in rows], scores)
             stopped = [s or h for s, h in zip(stopped, hits)]
+        self.keep(rows, scores[: len(rows)].clone(), raw[: len(rows)].clone())  # prefill buffers serve the next
         for i, (b, t) in enumerate(zip(rows, first)):
             batch.gen_len[b] += 1
             batch.finished[b] = stopped[i]
-            self.keep(b, scores[i].clone(), raw[i].clone())  # the prefill's buffers serve the next prefill too
+
             if self.stream is not None:
                 self.stream.add(b, [t], stopped[i])
         if self.stream is not None:
             self.stream.flush()
         return [b for b, s in zip(rows, stopped) if s]
 
-    def keep(self, row: int, scores: Optional[torch.Tensor], raw: torch.Tensor) -> None:
-        """One step's processed scores / raw logits of ``row``, where the call returns them."""
-        if self.keep_scores:
-            self.scores[row].append(scores)
-        if self.keep_logits:
-            self.logits[row].append(raw)
+    def keep(self, rows: list[int], scores: Optional[torch.Tensor], raw: Optional[torch.Tensor]) -> None:
+        """Token ``i`` of batch row ``rows[i]`` (each row's tokens in order): its processed scores and raw logits
+        ``(len(rows), V)``, where the call returns them. Kept as they come; laid out once, at the end."""
+        if not self.keeps_outputs or not rows:
+            return
+        steps = []
+        for b in rows:
+            steps.append(self.steps_kept[b])
+            self.steps_kept[b] += 1
+        for name, values, wanted in (("scores", scores, self.keep_scores), ("logits", raw, self.keep_logits)):
+            if wanted:
+                self.kept[name].append((steps, rows, values))
 
-    def per_step(self, kept: dict[int, list[torch.Tensor]], batch_size: int, vocab: int, device) -> tuple:
+    def per_step(self, name: str, batch_size: int, vocab: int, device) -> tuple:
         """Hugging Face's layout: one ``(B, V)`` tensor per generated token (a row that finished early has its
-        padding steps from ``padding_steps.py``; without them those entries are 0)."""
-        steps = max((len(v) for v in kept.values()), default=0)
-        out = []
-        for t in range(steps):
-            step = torch.zeros(batch_size, vocab, device=device)
-            for b, rows in kept.items():
-                if t < len(rows):
-                    step[b] = rows[t]
-            out.append(step)
-        return tuple(out)
+        padding steps from ``padding_steps.py``), written in one indexed copy."""
+        chunks = self.kept[name]
+        if not chunks:
+            return ()
+        steps = [t for c in chunks for t in c[0]]
+        out = torch.zeros(max(steps) + 1, batch_size, vocab, device=device)
+        out[torch.tensor(steps, device=device), torch.tensor([b for c in chunks for b in c[1]], device=device)] = \
+            torch.cat([c[2].to(device=device, dtype=out.dtype) for c in chunks])
+        return tuple(out.unbind(0))
 
     def end(self) -> None:
         if self.stream is not None:

@@ -37,8 +37,8 @@ class SpecConfig:
         reproducible sampling without touching the global seed. CUDA graphs are captured per
         generator object: reseed one generator (``manual_seed``) rather than making a new one
         per call, which captures anew each time.
-    sync_stage_timing: synchronise the device around each stage so that the stage times in
-        spec_metrics are exact (costs a little speed on GPU).
+    sync_stage_timing: synchronise the device around each row prefill so that
+        ``spec_metrics.prefill_seconds`` is exact (costs a little speed on GPU).
     cuda_graphs: capture the runner's draft loop and verify in CUDA graphs. None: on where
         CUDA is available (and the request allows: ``spec_metrics.fast_path`` says why not); False
         runs the same rounds without graphs; True on CPU raises.

@@ -10,8 +10,9 @@
                with the policy's decision for the round after (policy.prepare)
     criteria   stopping criteria that need the host (stop strings, max_time, the user's
                own) run on the tokens just committed; a stop cuts the row on the device;
-               output_scores / output_logits copy the verify's scores and logits of those tokens, a
-               streamer gets them (no round ahead then)
+               output_scores / output_logits copy the verify's scores and logits of those tokens
+               (device copies enqueued before the next round); a streamer gets them (the host
+               reads the tokens: no round ahead then, as with criteria)
     shrink     finished rows go back to the call's buffer; waiting rows join in the blocks
                they freed, or the survivors move to a smaller bucket when they fit one
 """
@@ -62,8 +63,8 @@ class CallLoop:
                  policy: SpeculationLength):
         self.runner, self.batch, self.spec, self.waves, self.committer = runner, batch, spec, waves, committer
         self.criteria = committer.criteria
-        # host work on each sync's tokens: no round may start ahead (it would rewrite what is read here)
-        self.host_reads = committer.reads_each_round
+        # host work on each sync's tokens (criteria, a streamer): no round may start before it is done
+        self.host_reads = committer.reads_tokens
         self.eos_ids, self.metrics, self.admission, self.policy = eos_ids, metrics, admission, policy
         self.rows: list = []
         self.generated: dict[int, int] = {}  # batch row -> new tokens, as of the last sync
@@ -87,11 +88,10 @@ class CallLoop:
             seconds = time.perf_counter() - launched.started
             clean = self.runner.warmup_seconds == launched.warmup_before and not launched.caught_up  # no capture
             live = [(r, row) for r, row in zip(self.rows, sync) if r is not None]
+            with span("host_reads"):
+                self._host_reads(sync)  # before a round ahead rewrites the graphs' outputs
             ahead = self._launch_ahead(live)
             self._account(launched, seconds, clean, live, ahead)
-            if self.host_reads:
-                with span("host_reads"):
-                    self._host_reads(sync)
             with span("retire"):
                 still = self._retire_finished(sync)
             with span("join"):
@@ -128,6 +128,8 @@ class CallLoop:
         running = [(r, row) for r, row in live if not row.done]
         if not running or self.host_reads or self.admission.waiting:
             return None
+        if self.committer.keeps_outputs and bucket_for(len(running)) < self.runner.state.size:
+            return None  # the survivors move to a smaller bucket: the round's outputs must be read in this one
         return self._launch([r for r, _ in running], [self.batch.max_new_tokens - row.generated for _, row in running])
 
     def _launch(self, live_rows: list[int], remaining: list[int]) -> LaunchedRound:
@@ -184,22 +186,20 @@ class CallLoop:
                 sync[i].done, sync[i].generated, sync[i].kept = True, sync[i].generated - sync[i].kept + n, n
 
     def _host_reads(self, sync: list[RowAtSync]) -> None:
-        """Host stopping criteria cut rows first; then what the host keeps of each token the round committed:
-        ``output_scores`` / ``output_logits`` (the verify's own values, which plain ``generate()`` returns) and
-        the streamer's tokens."""
+        """Host stopping criteria cut rows first; then ``output_scores`` / ``output_logits`` get the verify's own
+        values of each committed token (what plain ``generate()`` returns; copies enqueued on the device, no wait)
+        and a streamer its tokens."""
+        c = self.committer
         if self.criteria:
             self._apply_host_criteria(sync)
-        c, state = self.committer, self.runner.state
+        if not (c.keeps_outputs or c.stream is not None):
+            return
         kept = [at.kept if row is not None else 0 for row, at in zip(self.rows, sync)]
-        if c.keep_scores or c.keep_logits:
-            scores, logits = state.last_outputs(kept, c.keep_logits)
-            at = 0
-            for row, n in zip(self.rows, kept):
-                for _ in range(n):
-                    c.keep(row, scores[at], None if logits is None else logits[at])
-                    at += 1
+        if c.keeps_outputs:
+            scores, logits = self.runner.state.last_outputs(kept, c.keep_logits)
+            c.keep([row for row, n in zip(self.rows, kept) for _ in range(n)], scores, logits)
         if c.stream is not None:
-            for row, run, at in zip(self.rows, state.last_runs(kept), sync):
+            for row, run, at in zip(self.rows, self.runner.state.last_runs(kept), sync):
                 if row is not None:
                     c.stream.add(row, run, at.done)
             c.stream.flush()
@@ -235,9 +235,3 @@ def host_criteria(runner: SpecRunner, criteria: StoppingCriteriaList, prompt_wid
         cuts.update({i: j + 1 for i, h in zip(live, hits) if h})
     return cuts
 
-
-def round_spec(k: int, do_sample: bool, acceptance: str, logits_fn, generator: Optional[torch.Generator],
-               posterior_threshold: float, posterior_alpha: float, method: str = "draft",
-               ngram_sizes: tuple = (1, 3)) -> RoundSpec:
-    return RoundSpec(k, do_sample, "greedy" if not do_sample else acceptance, logits_fn, generator,
-                     posterior_threshold, posterior_alpha, method, ngram_sizes)

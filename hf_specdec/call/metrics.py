@@ -20,16 +20,13 @@ class SpecMetrics:
     num_accepted_tokens: int = 0
     num_emitted_tokens: int = 0
     accepted_per_position: list = field(default_factory=list)
-    propose_seconds: float = 0.0
-    score_seconds: float = 0.0
-    verify_seconds: float = 0.0
-    prefill_seconds: float = 0.0
-    round_seconds: float = 0.0
+    prefill_seconds: float = 0.0  # rows' prefills and first tokens (capture excluded: warm-up)
+    round_seconds: float = 0.0  # launch to sync of every round
     total_seconds: float = 0.0
     k_histogram: dict = field(default_factory=dict)  # k -> rounds that proposed k tokens
     round_costs_ms: dict = field(default_factory=dict)  # adaptive k: bucket -> k -> a round's cost it used
     num_row_rounds: int = 0  # live rows summed over rounds
-    fast_path: str = ""  # "graphs+compile", "graphs", "bucketed" or "eager: <reason>"
+    fast_path: str = ""  # "graphs+compile", "graphs", "bucketed" or "bucketed: <why no graphs>" (call/path_choice.py)
     warmup_seconds: float = 0.0  # graph capture and compilation inside this call
 
     @property

@@ -21,7 +21,7 @@ from .committer import Committer
 @torch.no_grad()
 def add_padding_steps(model: PreTrainedModel, batch: SequenceBatch, committer: Committer, logits,
                       pad_token_id: int, vocab_size: int) -> None:
-    """Extend ``committer.scores`` / ``committer.logits`` of every row shorter than the longest (``logits``: the
+    """Extend the kept scores / logits of every row shorter than the longest (``logits``: the
     call's processors, a ``GraphLogits`` or ``HostLogits``)."""
     if not (committer.keep_scores or committer.keep_logits):
         return
@@ -48,5 +48,4 @@ def add_padding_steps(model: PreTrainedModel, batch: SequenceBatch, committer: C
             full[members] = step_raw
             ids = sequences[:, : P + t]
             scores = logits(full, ids, every, torch.full_like(every, P + t), batch_rows=every)[members]
-        for i, b in enumerate(members.tolist()):
-            committer.keep(b, scores[i] if committer.keep_scores else None, step_raw[i])
+        committer.keep(members.tolist(), scores if committer.keep_scores else None, step_raw)
