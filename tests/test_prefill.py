@@ -50,7 +50,9 @@ def _recorded_prefills(monkeypatch, target, draft, ids, mask, max_tokens):
 def test_fixed_prefill_equals_the_ragged_prefill(monkeypatch, target, batch):
     """Rows of different lengths packed with padding tokens (and padding rows: 3 -> bucket 4, 6 -> 8) give
     the logits of the unpadded prefill, and the call's output is plain greedy generate's; the draft model
-    read the same prompts too (its acceptance, which greedy output does not show, is the same)."""
+    read the same prompts too (its acceptance, which greedy output does not show, is the same). The unpadded
+    prefill attends through the model's own attention (prompt spans, ``PagedBatch.fresh``), the packed one of
+    several rows through the paged kernel: the two agree."""
     ids, mask = left_padded_prompts(batch, seed=60 + batch, min_len=3, max_len=23)
     draft = make_draft(target, "mix")
     expected = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=12,

@@ -77,12 +77,31 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
     batch = batch.on(q.device)  # accelerate may place this layer on another device than the metadata
     with _launch_device(q):
         write_kv_to_slots(k, v, key_pool, value_pool, batch.slot_mapping)
+        if _fresh_spans_fit(batch.fresh, kwargs.get("sliding_window"), kwargs.get("softcap")):
+            return _prompt_attention(module, query, key, value, scaling, batch.fresh), None
         out = paged_attention(
             q.contiguous(), key_pool, value_pool, batch.block_tables, batch.seq_lens, batch.query_start_loc,
             batch.max_query_len, scaling if scaling is not None else q.shape[-1] ** -0.5,
             kwargs.get("sliding_window"), kwargs.get("softcap"),
         )
     return out.unsqueeze(0), None
+
+
+def _fresh_spans_fit(spans, window, softcap) -> bool:
+    """Prompts read from position 0 go through the model's own attention (a flash / cuDNN kernel on GPU, about 3x the
+    paged kernel's speed on an 8k prompt), unless a soft-cap or a window shorter than a span needs the paged kernel."""
+    return spans is not None and softcap is None and (window is None or all(e - s <= window for s, e in spans))
+
+
+def _prompt_attention(module, query, key, value, scaling, spans) -> torch.Tensor:
+    """Causal self-attention of each span of the packed tokens, by Hugging Face's sdpa function (what plain
+    ``generate()`` computes for a prompt); tokens outside every span (padding) get zeros. ``(1, T, heads, dim)``."""
+    out = query.new_zeros(1, query.shape[2], query.shape[1], query.shape[3])
+    for s, e in spans:
+        part, _ = sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None,
+                                         scaling=scaling, dropout=0.0)
+        out[:, s:e] = part
+    return out
 
 
 def _launch_device(t: torch.Tensor):

@@ -30,6 +30,9 @@ class PagedBatch:
     slot_mapping: torch.Tensor  # (T,) int64
     positions: torch.Tensor  # (T,) int64, absolute position of every packed token
     max_query_len: int
+    # host (start, end) token spans of rows with nothing cached before this forward (a prompt read from position 0):
+    # their attention is a causal self-attention, which the model's own implementation computes (flash / cuDNN)
+    fresh: Optional[tuple] = None
     _copies: dict = field(default_factory=dict, repr=False, compare=False)
 
     def on(self, device: torch.device) -> "PagedBatch":
@@ -41,7 +44,7 @@ class PagedBatch:
         if moved is None:
             moved = self._copies[device] = PagedBatch(
                 self.cache, self.block_tables.to(device), self.seq_lens.to(device), self.query_start_loc.to(device),
-                self.slot_mapping.to(device), self.positions.to(device), self.max_query_len)
+                self.slot_mapping.to(device), self.positions.to(device), self.max_query_len, self.fresh)
         return moved
 
 

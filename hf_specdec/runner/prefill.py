@@ -186,8 +186,13 @@ def _fill_slots(mp: ModelPrefill, inputs: PrefillInputs, cache, width: int) -> N
 
 def _forward(pm, inputs: PrefillInputs, mp: ModelPrefill, Q: int):
     """The stage a graph captures: the model (not compiled) over the static buffers, logits into ``mp``."""
+    B, T = inputs.seq_lens.shape[0], inputs.input_ids.shape[0]
+    # one row: its prompt then padding, so a causal self-attention over all T tokens is exact for the real ones
+    # (they come first); the model's own attention computes it (several rows: their spans vary between replays)
+    fresh = ((0, T),) if B == 1 else None
+
     def stage():
         batch = PagedBatch(pm.cache, mp.tables, inputs.seq_lens, inputs.query_start_loc, mp.slots,
-                           inputs.positions, Q)
+                           inputs.positions, Q, fresh)
         mp.logits.copy_(align_vocab(paged_forward(pm.model, inputs.input_ids, batch, inputs.last), pm.vocab_size))
     return stage

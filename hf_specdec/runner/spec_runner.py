@@ -139,7 +139,9 @@ class SpecRunner:
             out = self.prefills.run(self.models, batch, rows, lens, self.key.table_width, self.key.graphs, skip)
             self.warmup_seconds += self.prefills.capture_seconds
             return out
-        out = None
+        out, starts = None, [0]
+        for n in lens:
+            starts.append(starts[-1] + n)
         for name, pm in self.models.items():
             if name in skip:
                 continue
@@ -147,6 +149,7 @@ class SpecRunner:
             step = cache.batch(torch.tensor([b + 1 for b in rows], device=device),
                                torch.zeros(len(rows), dtype=torch.long, device=device),
                                torch.tensor(lens, device=device), max(lens), sum(lens))
+            step.fresh = tuple(zip(starts, starts[1:]))  # prompts from position 0: the model's own attention
             input_ids = batch.gather(rows, [batch.pads[b] for b in rows], lens)
             logits = paged_forward(pm.model, input_ids, step, step.query_start_loc[1:].long() - 1)
             if name == "target":
