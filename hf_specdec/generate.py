@@ -28,7 +28,7 @@ from .call.loop import run_fast
 from .call.metrics import SpecMetrics, StageTimer
 from .call.padding_steps import add_padding_steps
 from .call.path_choice import choose_path
-from .call.request import cache_budget, check_request
+from .call.request import cache_budget, check_host_stops, check_request
 from .call.stream_feed import StreamFeed
 from .call.tensor_parallel import check_ranks_agree, lockstep_generator, lockstep_group
 from .call.timeline import span
@@ -78,7 +78,7 @@ class _Call:
     def __init__(self, model, draft_model, input_ids, logits_processor, stopping_criteria, generation_config,
                  spec_config: SpecConfig, streamer, model_kwargs: dict):
         self.request = request = check_request(model, draft_model, input_ids, generation_config, spec_config,
-                                               model_kwargs, streamer)
+                                               model_kwargs)
         k, do_sample = spec_config.num_speculative_tokens, request.do_sample
         self.group = group = lockstep_group(model, draft_model if k else None, spec_config.draft_tp)  # TP ranks
         gen = lockstep_generator(model, group, spec_config.generator, do_sample, input_ids.device)
@@ -88,10 +88,10 @@ class _Call:
         self.timer = StageTimer(self.metrics, input_ids.device, spec_config.sync_stage_timing)
         self.batch = batch = SequenceBatch(input_ids, model_kwargs.get("attention_mask"), request.max_new_tokens, k)
         stream = None if streamer is None else StreamFeed(streamer, batch.size, request.pad_token_id)
+        returns = generation_config.return_dict_in_generate  # scores and logits are kept only where returned
         self.committer = Committer(request.eos_token_ids, stopping_criteria, stream,
-                                   generation_config.output_scores, generation_config.output_logits)
-        if streamer is not None:
-            streamer.put(input_ids.cpu())
+                                   returns and generation_config.output_scores, returns and generation_config.output_logits)
+        check_host_stops(self.committer.criteria, request.eos_token_ids, batch.size)
         # Adaptive k follows this process's timings: tensor-parallel ranks would choose differently, so it is
         # off there (and by default with a generator: seeded runs repeat bit for bit only at a fixed k).
         if spec_config.adaptive and group is not None:
@@ -111,6 +111,8 @@ class _Call:
             self.metrics.fast_path = f"graphs ({runner.compile_status()})"
         self.policy = SpeculationLength(k, adaptive, spec_config.method, runner.policy_memory,
                                         hold_rounds=GRAPH_HOLD_ROUNDS if path.graphs else 1)
+        if streamer is not None:  # once nothing in the setup can refuse the call (a streamer is then ended too)
+            streamer.put(input_ids.cpu())
 
 
 def _finish(batch: SequenceBatch, request, generation_config, committer: Committer, metrics: SpecMetrics,

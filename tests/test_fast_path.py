@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 import hf_specdec
 from hf_specdec.runner import runner_for
@@ -281,3 +281,45 @@ def test_output_scores_with_a_stopping_criterion_that_cuts_inside_a_run(target):
     assert len(out.scores) == len(expected.scores)
     for ours, theirs in zip(out.scores, expected.scores):
         torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_host_processors_reuse_one_runner_slot_and_respect_subclasses(target):
+    """Calls with a processor that has no graph-safe form share the runner's buffers (one slot, not one per call);
+    a subclass of a warper that reads input_ids gets plain generate's input_ids (not the history-free shortcut)."""
+    from transformers import TemperatureLogitsWarper
+
+    class ShiftedTemperature(TemperatureLogitsWarper):
+        def __call__(self, input_ids, scores):
+            return super().__call__(input_ids, scores + (input_ids[:, -1:] % 5).float())
+
+    ids, mask = left_padded_prompts(3, seed=14)
+    draft = make_draft(target, "mix")
+    for processor in (ShiftLogits(), ShiftedTemperature(0.7), ShiftLogits()):
+        kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=9, pad_token_id=0,
+                  logits_processor=LogitsProcessorList([processor]))
+        expected = target.generate(**kw)
+        out = target.generate(**kw, assistant_model=draft, spec_config=fast(num_speculative_tokens=3))
+        assert torch.equal(out, expected), type(processor).__name__
+    assert len(runner_for(target, draft).slots) == 1
+
+
+def test_requests_the_rounds_cannot_reproduce_are_refused_by_name(target):
+    """Classifier-free guidance keeps state per generation step; a stopping criterion without an EOS token at
+    batch > 1 lets plain generate() decode stopped rows on. Both are refused, naming the fix; batch 1 runs."""
+    class StopAt(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return input_ids[:, -1] == 7
+
+    ids, mask = left_padded_prompts(2, seed=15)
+    kw = dict(assistant_model=make_draft(target, "mix"), spec_config=fast(num_speculative_tokens=2), max_new_tokens=6)
+    with pytest.raises(ValueError, match="guidance_scale"):
+        target.generate(input_ids=ids, attention_mask=mask, guidance_scale=2.0, **kw)
+    stop = StoppingCriteriaList([StopAt()])
+    with pytest.raises(ValueError, match="StopAt.*without an EOS token.*eos_token_id"):
+        target.generate(input_ids=ids, attention_mask=mask, eos_token_id=None, pad_token_id=0, stopping_criteria=stop,
+                        **kw)
+    one = dict(input_ids=ids[:1], attention_mask=mask[:1], eos_token_id=None, pad_token_id=0, stopping_criteria=stop,
+               max_new_tokens=12)
+    expected = target.generate(**one)
+    assert torch.equal(target.generate(**one, assistant_model=kw["assistant_model"], spec_config=kw["spec_config"]),
+                       expected)

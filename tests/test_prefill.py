@@ -83,3 +83,23 @@ def test_rows_starting_in_waves_use_their_own_shapes(target):
     assert torch.equal(out, expected)
     shapes = {key[1:3] for key in runner_for(target, draft).prefills.models}
     assert len(shapes) >= 2  # (rows, tokens) of the first wave and of later ones
+
+
+def test_prompt_attention_ignores_garbage_in_padding_tokens(target):
+    """A fixed-shape prefill's padding tokens follow the real ones; whatever they hold (NaN from uninitialised
+    memory) must not reach a real token through the model's own attention over the padded span."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from hf_specdec.cache.attention import _prompt_attention
+
+    module = target.model.layers[0].self_attn
+    H, KVH, D, n, T = 4, 2, 8, 11, 16
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, T, D, generator=g) for h in (H, KVH, KVH))
+    for t in (q, k, v):
+        t[:, :, n:] = float("nan")
+    real = torch.arange(T) < n
+    out = _prompt_attention(module, q, k, v, D ** -0.5, ((0, T),), real)
+    want, _ = sdpa_attention_forward(module, q[:, :, :n], k[:, :, :n], v[:, :, :n], None, scaling=D ** -0.5)
+    assert torch.isfinite(out[:, :n]).all()
+    torch.testing.assert_close(out[:, :n], want)

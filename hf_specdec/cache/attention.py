@@ -78,7 +78,7 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
     with _launch_device(q):
         write_kv_to_slots(k, v, key_pool, value_pool, batch.slot_mapping)
         if _fresh_spans_fit(batch.fresh, kwargs.get("sliding_window"), kwargs.get("softcap")):
-            return _prompt_attention(module, query, key, value, scaling, batch.fresh), None
+            return _prompt_attention(module, query, key, value, scaling, batch.fresh, batch.slot_mapping >= 0), None
         out = paged_attention(
             q.contiguous(), key_pool, value_pool, batch.block_tables, batch.seq_lens, batch.query_start_loc,
             batch.max_query_len, scaling if scaling is not None else q.shape[-1] ** -0.5,
@@ -93,9 +93,13 @@ def _fresh_spans_fit(spans, window, softcap) -> bool:
     return spans is not None and softcap is None and (window is None or all(e - s <= window for s, e in spans))
 
 
-def _prompt_attention(module, query, key, value, scaling, spans) -> torch.Tensor:
+def _prompt_attention(module, query, key, value, scaling, spans, real: torch.Tensor) -> torch.Tensor:
     """Causal self-attention of each span of the packed tokens, by Hugging Face's sdpa function (what plain
-    ``generate()`` computes for a prompt); tokens outside every span (padding) get zeros. ``(1, T, heads, dim)``."""
+    ``generate()`` computes for a prompt); tokens outside every span get zeros. ``(1, T, heads, dim)``.
+    ``real`` (T,): False for padding tokens (a fixed-shape prefill's tail), whose K/V are zeroed: they follow the
+    real ones, so no real token attends them, but garbage there (NaN) would leak through a masked softmax."""
+    keep = real[None, None, :, None]
+    key, value = torch.where(keep, key, 0), torch.where(keep, value, 0)
     out = query.new_zeros(1, query.shape[2], query.shape[1], query.shape[3])
     for s, e in spans:
         part, _ = sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None,

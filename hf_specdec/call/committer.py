@@ -78,10 +78,10 @@ class Committer:
         chunks = self.kept[name]
         if not chunks:
             return ()
-        steps = [t for c in chunks for t in c[0]]
-        out = torch.zeros(max(steps) + 1, batch_size, vocab, device=device)
-        out[torch.tensor(steps, device=device), torch.tensor([b for c in chunks for b in c[1]], device=device)] = \
-            torch.cat([c[2].to(device=device, dtype=out.dtype) for c in chunks])
+        out = torch.zeros(max(t for c in chunks for t in c[0]) + 1, batch_size, vocab, device=device)
+        while chunks:  # each chunk freed once written: the call holds the output and one chunk at most twice
+            steps, rows, values = chunks.pop(0)
+            out[torch.tensor(steps, device=device), torch.tensor(rows, device=device)] = values.to(device, out.dtype)
         return tuple(out.unbind(0))
 
     def end(self) -> None:

@@ -196,7 +196,7 @@ class CallLoop:
             return
         kept = [at.kept if row is not None else 0 for row, at in zip(self.rows, sync)]
         if c.keeps_outputs:
-            scores, logits = self.runner.state.last_outputs(kept, c.keep_logits)
+            scores, logits = self.runner.state.last_outputs(kept, c.keep_scores, c.keep_logits)
             c.keep([row for row, n in zip(self.rows, kept) for _ in range(n)], scores, logits)
         if c.stream is not None:
             for row, run, at in zip(self.rows, self.runner.state.last_runs(kept), sync):

@@ -34,6 +34,7 @@ def choose_path(spec: SpecConfig, device: torch.device, logits_processor, batch_
     if spec.compile and not on_cuda:
         raise ValueError(f"SpecConfig(compile=True) compiles for CUDA graphs; the inputs are on {device}. "
                          "Drop compile=True.")
+    _refuse_stepwise_state(logits_processor)
     logits, why_not = graph_safe_logits(logits_processor)
     if logits is None:
         logits = HostLogits(logits_processor, batch_size)
@@ -47,6 +48,20 @@ def choose_path(spec: SpecConfig, device: torch.device, logits_processor, batch_
     compile = graphs and spec.compile is not False and (spec.compile or _compile_by_default(models))
     label = "graphs+compile" if compile else "graphs" if graphs else "bucketed" + (f": {why_not}" if why_not else "")
     return PathChoice(graphs, compile, logits, label)
+
+
+# processors that keep state from one generation step to the next (their own KV cache, a step counter): a round
+# calls the processor list for many positions per step, some of them rejected, so their state would be wrong
+_STEPWISE_STATE = ("UnbatchedClassifierFreeGuidanceLogitsProcessor",)
+
+
+def _refuse_stepwise_state(processors) -> None:
+    for p in processors or ():
+        if type(p).__name__ in _STEPWISE_STATE:
+            raise ValueError(f"{type(p).__name__} (from guidance_scale=) keeps state from one generation step to the "
+                             "next, and a speculative round processes many positions per step, some of them "
+                             "rejected: its output would not be plain generate()'s. Drop spec_config for this call "
+                             "(or drop guidance_scale).")
 
 
 def spread_over_devices(models: tuple, device: torch.device) -> Optional[str]:

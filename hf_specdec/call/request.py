@@ -110,7 +110,7 @@ def check_input_ids(input_ids: torch.Tensor) -> None:
 
 
 def check_request(model, draft_model, input_ids, generation_config: GenerationConfig, spec_config: SpecConfig,
-                  model_kwargs: dict, streamer) -> Request:
+                  model_kwargs: dict) -> Request:
     check_input_ids(input_ids)
     check_draft_model(draft_model)
     if spec_config.method == "ngram" and draft_model is not None:
@@ -177,3 +177,14 @@ def cache_budget(target: PreTrainedModel, draft, batch: SequenceBatch, spec: Spe
         blocks = int((free + held_bytes) * spec.cache_memory_fraction) // per_block
         return blocks, f"Raise SpecConfig.cache_memory_fraction (now {spec.cache_memory_fraction})."
     return None, "Set SpecConfig.cache_tokens to a larger budget."
+
+
+def check_host_stops(criteria, eos_token_ids: list, batch_size: int) -> None:
+    """Without an EOS token plain generate() keeps decoding a row that a stopping criterion stopped, until every row
+    has stopped (it pads finished rows only when an EOS criterion exists); the rounds end each row at its own stop.
+    That batch > 1 case is refused rather than answered differently."""
+    if criteria and not eos_token_ids and batch_size > 1:
+        names = ", ".join(sorted({type(c).__name__ for c in criteria}))
+        raise ValueError(f"a stopping criterion ({names}) at batch {batch_size} without an EOS token: plain generate() "
+                         "then keeps decoding a stopped row until every row stops, which speculative rounds do not "
+                         "reproduce. Set eos_token_id (the tokenizer's EOS), or call generate() per row.")

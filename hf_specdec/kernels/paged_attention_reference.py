@@ -102,6 +102,6 @@ def paged_attention_reference(
 
     # Unpad without boolean indexing (its nonzero would synchronise): padding rows go to a spare row T.
     dest = torch.where(valid_q, query_start_loc[:-1].long()[:, None] + qi[None, :], T)
-    result = torch.empty(T + 1, H, D, dtype=torch.float32, device=device)
+    result = torch.zeros(T + 1, H, D, dtype=torch.float32, device=device)  # tokens of no row (padding): 0
     result[dest.reshape(-1)] = out.reshape(B * Q, H, D)
     return result[:T].to(query.dtype)

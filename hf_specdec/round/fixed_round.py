@@ -70,7 +70,8 @@ def verify_and_commit(s: BucketState, target: PagedModel, spec: RoundSpec, k: in
     positions = ((s.length - 1)[:, None] + span).view(-1)
     logits = target.forward(input_ids, positions, s.target_tables, s.length + k, k + 1, False)
     rows = torch.arange(B, device=device).repeat_interleave(k + 1)
-    scores = spec.logits(logits, s.hist, rows, (end[:, None] + span).view(-1), batch_rows=s.batch_row[rows])
+    scores = spec.logits(logits, s.hist, rows, (end[:, None] + span).view(-1), batch_rows=s.batch_row[rows],
+                         live=~s.done[rows] if spec.logits.reads_live else None)
     s.scores, s.logits = scores, logits  # read at the sync (host criteria, output_scores/logits); a captured
     # graph rewrites this same memory
     emitted, accepted = accept(s, scores, spec, k)

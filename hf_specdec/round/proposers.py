@@ -53,7 +53,8 @@ class DraftModelProposer:
         s.counts.fill_(k)
         for j in range(k):
             logits = draft.forward(input_ids, positions, s.draft_tables, s.length + j, 2 if j == 0 else 1, True)
-            scores = spec.logits(logits, s.hist, rows, end + j, batch_rows=s.batch_row)
+            scores = spec.logits(logits, s.hist, rows, end + j, batch_rows=s.batch_row,
+                                 live=~s.done if spec.logits.reads_live else None)
             tokens, probs = choose_tokens(scores, spec.do_sample, spec.generator)
             s.hist.scatter_(1, (end + j)[:, None], tokens[:, None])
             s.drafts[:, j] = tokens

@@ -142,10 +142,10 @@ class BucketState:
         values = self.hist[:n].gather(1, start[:, None] + torch.arange(width, device=device)).tolist()
         return [v[:m] for v, m in zip(values, kept)]
 
-    def last_outputs(self, kept: list[int], raw: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """The verify's processed scores (and raw logits, ``raw``) of each committed token, row by row, as
-        ``(sum(kept), V)`` copies (the graph rewrites its own next round)."""
+    def last_outputs(self, kept: list[int], scores: bool, raw: bool) -> tuple[Optional[torch.Tensor], ...]:
+        """The verify's processed scores (``scores``) and raw logits (``raw``) of each committed token, row by row,
+        as ``(sum(kept), V)`` copies (the graph rewrites its own next round)."""
         per_row = self.scores.shape[0] // self.size
         index = torch.tensor([i * per_row + j for i, m in enumerate(kept) for j in range(m)], dtype=torch.long,
                              device=self.scores.device)
-        return self.scores[index], self.logits[index].float() if raw else None
+        return self.scores[index] if scores else None, self.logits[index].float() if raw else None

@@ -200,7 +200,8 @@ class SpecRunner:
                 stage()
             else:
                 graph()
-                s.scores, s.logits = graph.scores, graph.logits
+                if hasattr(graph, "scores"):
+                    s.scores, s.logits = graph.scores, graph.logits
         return caught_up
 
     def capture(self, ks) -> None:
@@ -276,7 +277,8 @@ class SpecRunner:
             if graph is None:
                 graph = self.graphs[(name, B, k)] = StageGraph(stage, s.tensors(), spec.generator,
                                                                   what=f"{name}, bucket {B}, k = {k}")
-                graph.scores, graph.logits = s.scores, s.logits  # the verify graph's own output memory (host reads)
+                if name == "verify":  # its own output memory, read at the sync (host criteria, outputs kept)
+                    graph.scores, graph.logits = s.scores, s.logits
                 self.warmup_seconds += graph.capture_seconds
             out.append((stage, graph))
         return out

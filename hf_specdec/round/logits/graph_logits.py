@@ -64,6 +64,7 @@ class GraphLogits:
     def __init__(self, ops: list, signature: tuple):
         self.ops, self.signature = ops, signature
         self.needs_batch_rows = any(getattr(op, "per_batch_row", False) for op in ops)
+        self.reads_live = False  # every row alike: a mask of live rows would only add a kernel to each graph
         self._prepared: tuple | None = None
 
     def prepare(self, vocab_size: int, device) -> None:
@@ -77,9 +78,10 @@ class GraphLogits:
             self._prepared = (vocab_size, device)
 
     def __call__(self, scores: torch.Tensor, history: torch.Tensor, rows: torch.Tensor,
-                 lengths: torch.Tensor, batch_rows: torch.Tensor | None = None) -> torch.Tensor:
+                 lengths: torch.Tensor, batch_rows: torch.Tensor | None = None, live=None) -> torch.Tensor:
         """``scores`` (R, V); ``history`` (B, W); row ``i`` reads ``history[rows[i], :lengths[i]]``.
-        ``batch_rows`` (R,): row ``i``'s row in plain generate's batch; defaults to ``rows``."""
+        ``batch_rows`` (R,): row ``i``'s row in plain generate's batch; defaults to ``rows``. ``live`` is ignored
+        (fixed-shape code processes every row alike)."""
         self._ensure_prepared(scores.shape[-1], scores.device)
         hist = RoundHistory(history, rows, lengths, batch_rows)
         for op in self.ops:

@@ -35,22 +35,28 @@ class HostLogits:
     """``processors`` applied per position with the ``input_ids`` plain generate would pass there."""
 
     needs_batch_rows = True
+    reads_live = True  # skips rows nobody reads (graphs never run this pipeline: a host read costs nothing extra)
 
     def __init__(self, processors: LogitsProcessorList, batch_size: int):
         self.processors, self.batch_size = processors, batch_size
-        self.history_free = all(isinstance(p, _HISTORY_FREE) for p in processors)
-        # graphs never run this pipeline; a key naming the objects keeps two calls' buffers apart
-        self.signature = ("host", id(processors), batch_size)
+        # exact classes only: a subclass may read input_ids in its own __call__
+        self.history_free = all(type(p) in _HISTORY_FREE for p in processors)
+        self.signature = ("host",)  # graphs never run this pipeline: nothing to keep apart between calls
 
     def __call__(self, scores: torch.Tensor, history: torch.Tensor, rows: torch.Tensor, lengths: torch.Tensor,
-                 batch_rows: torch.Tensor | None = None) -> torch.Tensor:
+                 batch_rows: torch.Tensor | None = None, live: torch.Tensor | None = None) -> torch.Tensor:
         """``scores`` (R, V); row ``i`` reads ``history[rows[i], :lengths[i]]``; ``batch_rows`` (R,): its row in
-        plain generate's batch (default ``rows``)."""
+        plain generate's batch (default ``rows``); ``live`` (R,): False for rows whose result nobody reads (done
+        and bucket padding rows), which are returned unprocessed."""
         if self.history_free:
             return self.processors(history[:, :1].new_zeros(scores.shape[0], 1), scores)
         batch_rows = rows if batch_rows is None else batch_rows
-        out = torch.empty_like(scores)
+        out = scores.clone()
+        keep = None if live is None else live.tolist()
         for length, members in by_length(lengths.tolist()).items():
+            members = [i for i in members if keep is None or keep[i]]
+            if not members:
+                continue
             for call in _distinct(members, batch_rows[members].tolist()):
                 index = torch.tensor(call, device=scores.device)
                 at = batch_rows[index]
