@@ -37,7 +37,8 @@ Random weights (nothing downloaded) in Llama-3.1-8B's shapes for the target and 
     python benchmarks/scale.py --batches "" --long-prompts 2048,8192 --out $OUT/long.json  # 7. below
 
 7. with --long-prompts: time to first token at b = 1 for each length, ours (SpecConfig() with the draft: both
-   models read the prompt) against HF's generate(max_new_tokens=1), and the peak memory of a b = 32 call with
+   models read the prompt; and k = 0, the target alone) against HF's generate(max_new_tokens=1), and the peak
+   memory of a b = 32 call with
    --long-batch-prompt tokens a row (long_prompts()).
 
 --shapes tiny runs on the CPU (fp32, the runner without graphs, no CUDA events): the same code paths with a
@@ -266,11 +267,14 @@ def long_prompts(target, draft, args, device: torch.device) -> dict:
         m.config.max_position_embeddings = max(m.config.max_position_embeddings, longest)
     cuda = device.type == "cuda"  # no background compile beside the timings (a prefill runs the model as it is)
     spec = hf_specdec.SpecConfig(cuda_graphs=cuda or None, compile=False if cuda else None)
+    plain = hf_specdec.SpecConfig(num_speculative_tokens=0, cuda_graphs=cuda or None, compile=False if cuda else None)
     out = {"ttft_ms": {}, "attn_implementation": target.config._attn_implementation}
     for n in lengths:
         prompt = random_prompt(target.config.vocab_size, 1, n, device)
         calls = {"ours": lambda: target.generate(**prompt, max_new_tokens=1, do_sample=False, eos_token_id=None,
                                                  pad_token_id=0, assistant_model=draft, spec_config=spec),
+                 "ours_target_only": lambda: target.generate(**prompt, max_new_tokens=1, do_sample=False,
+                                                             eos_token_id=None, pad_token_id=0, spec_config=plain),
                  "hf": lambda: target.generate(**prompt, max_new_tokens=1, do_sample=False, eos_token_id=None,
                                                pad_token_id=0)}
         row = {}
@@ -285,8 +289,10 @@ def long_prompts(target, draft, args, device: torch.device) -> dict:
                 times.append((time.perf_counter() - start) * 1e3)
             row[name] = statistics.median(times)
         row["ours_over_hf"] = row["ours"] / row["hf"]
+        row["target_only_over_hf"] = row["ours_target_only"] / row["hf"]
         out["ttft_ms"][str(n)] = row
-        log(f"time to first token, {n} tokens: ours {row['ours']:.1f} ms, HF {row['hf']:.1f} ms")
+        log(f"time to first token, {n} tokens: ours {row['ours']:.1f} ms (target only {row['ours_target_only']:.1f}), "
+            f"HF {row['hf']:.1f} ms")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         prompt = random_prompt(target.config.vocab_size, 32, args.long_batch_prompt, device)

@@ -109,5 +109,6 @@ def test_long_prompts_time_the_first_token_of_both(result):
     assert sorted(long["ttft_ms"], key=int) == ["40", "80"]
     for row in long["ttft_ms"].values():
         assert row["ours"] > 0 and row["hf"] > 0 and row["ours_over_hf"] == pytest.approx(row["ours"] / row["hf"])
+        assert row["target_only_over_hf"] == pytest.approx(row["ours_target_only"] / row["hf"])
     assert "b32_memory" not in long  # a CUDA measurement
     assert "Time to first token" in report([result])
