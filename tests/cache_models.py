@@ -1,7 +1,7 @@
 """Tiny random models and a driver of the paged cache for the tests/test_cache_*.py files.
 
-The driver uses the cache exactly as ``hf_specdec/strategies/target_scorer.py`` does:
-``add_sequences`` / ``reserve`` / ``batch`` / ``paged_forward`` / ``set_lengths``, under
+The driver uses the cache's own API as a ragged decoding loop would (the runner uses it in fixed shapes):
+``add_sequences`` / ``reserve`` / ``batch`` / ``paged_forward`` / ``set_lengths`` (rollback), under
 ``paged_attention_enabled``.
 """
 from __future__ import annotations

@@ -46,9 +46,6 @@ class SequenceBatch:
     def size(self) -> int:
         return len(self.gen_len)
 
-    def active_rows(self) -> list[int]:
-        return [b for b, done in enumerate(self.finished) if not done]
-
     def end(self, b: int) -> int:
         """Buffer column just past row ``b``'s last committed token."""
         return self.prompt_width + self.gen_len[b]
@@ -65,12 +62,6 @@ class SequenceBatch:
         """Committed tokens of row ``b`` without padding (= its cache positions)."""
         return self.end(b) - self.pads[b]
 
-    def history_lens(self, rows: list[int], num_positions: int) -> tuple[list[int], list[int]]:
-        """Row ids and ``input_ids`` lengths for positions ``0..num_positions-1`` after each row's end."""
-        flat_rows = [b for b in rows for _ in range(num_positions)]
-        lens = [self.end(b) + j for b in rows for j in range(num_positions)]
-        return flat_rows, lens
-
     def _spans(self, rows: list[int], starts: list[int], counts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Row and column indices of the spans ``tokens[b, s : s + n]``, packed."""
         r = [b for b, n in zip(rows, counts) for _ in range(n)]
@@ -80,9 +71,6 @@ class SequenceBatch:
     def gather(self, rows: list[int], starts: list[int], counts: list[int]) -> torch.Tensor:
         """Packed tokens ``tokens[b, s : s + n]`` of each row, ``(sum counts,)``."""
         return self.tokens[self._spans(rows, starts, counts)]
-
-    def write(self, rows_t: torch.Tensor, columns: torch.Tensor, values: torch.Tensor) -> None:
-        self.tokens[rows_t, columns] = values
 
     def append_runs(self, rows: list[int], runs: list[list[int]]) -> None:
         """Write each row's ``run`` right after its committed tokens (lengths are not changed)."""

@@ -48,11 +48,11 @@ class Committer:
         if self.criteria:
             hits = stop_hits(self.criteria, batch.tokens, rows, [batch.end(b) + 1 for b in rows], scores)
             stopped = [s or h for s, h in zip(stopped, hits)]
-        self.keep(rows, scores[: len(rows)].clone(), raw[: len(rows)].clone())  # prefill buffers serve the next
+        if self.keeps_outputs:  # copies: the prefill's buffers serve the next prefill too
+            self.keep(rows, scores[: len(rows)].clone(), raw[: len(rows)].clone())
         for i, (b, t) in enumerate(zip(rows, first)):
             batch.gen_len[b] += 1
             batch.finished[b] = stopped[i]
-
             if self.stream is not None:
                 self.stream.add(b, [t], stopped[i])
         if self.stream is not None:
@@ -79,8 +79,8 @@ class Committer:
         if not chunks:
             return ()
         out = torch.zeros(max(t for c in chunks for t in c[0]) + 1, batch_size, vocab, device=device)
-        while chunks:  # each chunk freed once written: the call holds the output and one chunk at most twice
-            steps, rows, values = chunks.pop(0)
+        while chunks:  # each chunk freed once written (any order: a (step, row) pair is kept once)
+            steps, rows, values = chunks.pop()
             out[torch.tensor(steps, device=device), torch.tensor(rows, device=device)] = values.to(device, out.dtype)
         return tuple(out.unbind(0))
 
