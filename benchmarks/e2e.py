@@ -10,6 +10,7 @@ One run, the same prompts and the same max_new_tokens for every method:
   hf_specdec      "fast k=K":  SpecConfig(k), the default: runner + CUDA graphs + compile on CUDA
                   (on CPU the same runner without CUDA graphs)
   runner_plain    "k=0": SpecConfig(num_speculative_tokens=0), no draft: plain decoding on the same runner
+  (--head DIR)    "head k=K": the same with a draft head (hf_specdec.load_draft_head) as the assistant
 
 for greedy and sampling (temperature 1, top_k 0, top_p 1).  For each batch size b the prompts
 are the first n_b of the pool (n_b = max(b, --min-prompts) rounded up to a multiple of b), all
@@ -55,6 +56,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", help="target model dir (save_pretrained)")
     p.add_argument("--draft", help="draft model dir")
+    p.add_argument("--head", default=None, help="a draft head for the target (save_draft_head dir): adds "
+                   "hf_specdec \"head k=K\" rows beside the draft model's")
     p.add_argument("--build-tiny", action="store_true", help="build (or reuse) a tiny CPU pair and use it")
     p.add_argument("--tiny-dir", default=os.path.join(REPO_ROOT, "runs", "tiny_pair"))
     p.add_argument("--prompts", default=None, help="HumanEval.jsonl(.gz) or any jsonl (default: search known places)")
@@ -327,6 +330,12 @@ def main(argv=None):
     pool, sources, ids, mask, prompt_paths = build_prompt_pool(args, tok)
     report = new_report(args, device, dtype, target, draft, pool, sources, ids.shape[1], prompt_paths)
     bench = Bench(args, device, tok, target, draft, ids.to(device), mask.to(device), report, t_start)
+    bench.head = None
+    if args.head:
+        import hf_specdec
+
+        bench.head = hf_specdec.load_draft_head(args.head, target=target)
+        report["params"]["head"] = sum(p.numel() for p in bench.head.parameters())
     print(f"[e2e] {report['env']['device_name']} ({device}) {report['env']['dtype']}; target "
           f"{report['params']['target']/1e6:.1f}M, draft {report['params']['draft']/1e6:.1f}M params; "
           f"{len(pool)} prompts padded to {bench.P} tokens; max_new_tokens {args.max_new_tokens}", flush=True)

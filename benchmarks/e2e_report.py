@@ -243,7 +243,29 @@ def summary_lines(report, modes):
             for k in ks:
                 yield summary_row(res, b, mode, k)
     yield "(tok/s: plain_compiled, hf_specdec fast, runner_plain k=0; eff = (fast/k=0) / ideal)"
+    yield from head_lines(res)
     yield from summary_notes(report)
+
+
+def head_lines(res):
+    """A draft head against the draft model, same k, b and mode: tokens/s, acceptance length, draft step cost."""
+    heads = [r for r in res if r["method"] == "hf_specdec" and r["variant"].startswith("head") and r.get("tokens_per_s")]
+    if not heads:
+        return
+    yield (f"{'b':>4} {'mode':<7}{'k':>3}{'head':>9}{'draft':>9}{'head/drf':>9}{'head/cmp':>9}{'len head':>9}"
+           f"{'len drf':>8}{'step h ms':>10}{'step d ms':>10}{'h/d step':>9}")
+    for r in heads:
+        b, mode, k = r["batch_size"], r["mode"], r["k"]
+        d = find(res, "hf_specdec", b, mode, f"fast k={k}") or {}
+        comp = find(res, "plain_compiled", b, mode) or {}
+        hs, ds = (r.get("stage_ms") or {}).get("draft_step"), (d.get("stage_ms") or {}).get("draft_step")
+        ratio = lambda x, y: x / y if x and y else None  # noqa: E731
+        cells = [(r["tokens_per_s"], 9, 1), (d.get("tokens_per_s"), 9, 1),
+                 (ratio(r["tokens_per_s"], d.get("tokens_per_s")), 9, 2),
+                 (ratio(r["tokens_per_s"], comp.get("tokens_per_s")), 9, 2), (r.get("mean_acceptance_length"), 9, 2),
+                 (d.get("mean_acceptance_length"), 8, 2), (hs, 10, 3), (ds, 10, 3), (ratio(hs, ds), 9, 2)]
+        yield f"{b:>4} {mode:<7}{k:>3}" + "".join(f(*c) for c in cells)
+    yield "(head: the draft head's rows; draft: the draft model's fast rows; len: mean acceptance length)"
 
 
 def summary_notes(report):

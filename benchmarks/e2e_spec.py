@@ -1,7 +1,8 @@
 """The hf_specdec rows of benchmarks/e2e.py: speculative decoding and k=0, both on the runner.
 
 Per (batch size, mode) and each k: "fast k=K" (SpecConfig(k): runner + CUDA graphs + compile on
-CUDA, the runner without graphs on CPU), then runner_plain "k=0" (no draft). The rows warm up
+CUDA, the runner without graphs on CPU), "head k=K" (the same with a draft head, e2e.py --head),
+then runner_plain "k=0" (no draft). The rows warm up
 every bucket their rows can shrink into, so the timed calls capture and compile nothing (their
 spec_metrics.warmup_seconds is reported: it should be 0). After a row's timed calls,
 time_stages measures the cost of each piece of a round at the row's first bucket (CUDA only),
@@ -81,5 +82,8 @@ def run_spec(bench):
         for k in bench.ks:
             run_spec_row(bench, "hf_specdec", f"fast k={k}", b, mode, batches,
                          hf_specdec.SpecConfig(num_speculative_tokens=k), bench.draft)
+            if getattr(bench, "head", None) is not None:
+                run_spec_row(bench, "hf_specdec", f"head k={k}", b, mode, batches,
+                             hf_specdec.SpecConfig(num_speculative_tokens=k), bench.head)
         run_spec_row(bench, "runner_plain", "k=0", b, mode, batches, hf_specdec.SpecConfig(num_speculative_tokens=0),
                      None)

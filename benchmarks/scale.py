@@ -62,6 +62,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import hf_specdec  # noqa: E402
 from benchmarks.cold_start_report import write_json  # noqa: E402
 from benchmarks.common import sync, weight_bytes  # noqa: E402
+from benchmarks.scale_head import build_head, head_costs  # noqa: E402
 from benchmarks.scale_report import ROUND_K, batch_ratios, derive, report  # noqa: E402
 from benchmarks.tp_cost import SIZES, TINY, build, config  # noqa: E402
 from hf_specdec.runner import bucket_for, runner_for  # noqa: E402
@@ -247,12 +248,16 @@ def hf_plain_step(target, batch: int, args, device: torch.device) -> dict:
     return out
 
 
-def measure_batch(target, draft, batch: int, res: dict, args, device: torch.device) -> dict:
+def measure_batch(target, draft, batch: int, res: dict, args, device: torch.device, head=None) -> dict:
     row = runner_costs(target, draft, batch, args, device)
     if not args.skip_hf:
         row.update(hf_plain_step(target, batch, args, device))
     row["floor_ms"] = floors_ms(res["models"], batch, args.prompt + args.new_tokens, res["copy"]["gb_per_s"])
     derive(row)
+    if head is not None:
+        row["head"] = head_costs(target, head, row, lambda t, h, k, b, a: runner_call(t, h, k, b, a, device), args)
+        log(f"b={batch} head step {row['head']['head_step']:.3f} ms = "
+            f"{row['head']['head_step_vs_target_step']:.3f} of the target step")
     return row
 
 
@@ -332,6 +337,9 @@ def parse_args(argv=None):
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                     help="auto: CUDA for 8b where there is one, CPU for tiny")
     ap.add_argument("--skip-hf", action="store_true", help="no HF compiled baseline (saves ~40 s a batch size)")
+    ap.add_argument("--head", action="store_true", help="also a random draft head's costs (scale_head.py)")
+    ap.add_argument("--head-vocab", type=int, default=0, help="the head's own output layer over this many tokens "
+                    "(0: the target's)")
     ap.add_argument("--long-prompts", default="", help="prompt lengths for time to first token, e.g. 2048,8192")
     ap.add_argument("--long-batch-prompt", type=int, default=4096, help="tokens a row of the b = 32 memory check")
     ap.add_argument("--out", help="JSON of the results")
@@ -366,8 +374,9 @@ def main(argv=None) -> dict | None:
     for name, m in res["models"].items():
         log(f"{name}: {m['per_step_bytes_1tok'] / 1e9:.3f} GB a step, floor "
             f"{m['per_step_bytes_1tok'] / (res['copy']['gb_per_s'] * 1e9) * 1e3:.3f} ms at b = 1")
+    head = build_head(target, args.head_vocab) if args.head else None
     for batch in [int(b) for b in args.batches.split(",") if b.strip()]:
-        row = measure_batch(target, draft, batch, res, args, device)
+        row = measure_batch(target, draft, batch, res, args, device, head)
         res["rows"].append(row)
         res["batch_ratios"] = batch_ratios(res["rows"])
         print_summary(row)

@@ -198,10 +198,11 @@ def _long_prompt_table(long: dict | None) -> list[str]:
 
 
 def report(results: list[dict]) -> str:
+    from benchmarks.scale_head import head_lines  # it imports this module's projection
     lines = []
     for res in results:
         rows = sorted(res["rows"], key=lambda r: r["batch"])
-        lines += _header(res) + _cost_table(rows) + _kernel_tables(rows) + _projection_table(rows)
+        lines += _header(res) + _cost_table(rows) + _kernel_tables(rows) + _projection_table(rows) + head_lines(rows)
         ratios = res.get("batch_ratios", {})
         if ratios:
             lines += ["", "Cost at b over cost at the smallest b: " + "; ".join(

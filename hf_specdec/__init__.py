@@ -10,12 +10,14 @@ from .cache import CacheBudgetError
 from .call.config import SpecConfig
 from .call.metrics import SpecMetrics
 from .call.timeline import record_timeline
+from .draft_head import DraftHead, load_draft_head, save_draft_head
 from .enable import enable
 from .generate import SpecDecodeOutput, speculative_generate
 from .reduced_vocab import reduce_vocab
 from .reduced_vocab_io import load_reduced_draft, save_reduced_draft
 from .warmup import warmup
 
-__all__ = ["CacheBudgetError", "SpecConfig", "SpecDecodeOutput", "SpecMetrics", "enable", "load_reduced_draft",
-           "record_timeline", "reduce_vocab", "save_reduced_draft", "speculative_generate", "warmup"]
+__all__ = ["CacheBudgetError", "DraftHead", "SpecConfig", "SpecDecodeOutput", "SpecMetrics", "enable",
+           "load_draft_head", "load_reduced_draft", "record_timeline", "reduce_vocab", "save_draft_head",
+           "save_reduced_draft", "speculative_generate", "warmup"]
 __version__ = "0.1.0"

@@ -20,7 +20,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .cache import paged_attention_enabled
 from .call.admission import Admission
-from .call.arguments import as_spec_config
+from .call.arguments import as_spec_config, with_proposer
 from .call.batch_state import SequenceBatch
 from .call.committer import Committer
 from .call.config import SpecConfig
@@ -55,7 +55,7 @@ def speculative_generate(
     spec_streamer=None,
     **model_kwargs,
 ):
-    spec_config = as_spec_config(spec_config)  # a dict of SpecConfig's fields is accepted too
+    spec_config = with_proposer(as_spec_config(spec_config), draft_model)  # a dict of SpecConfig's fields too
     generation_config = generation_config if generation_config is not None else model.generation_config
     start = time.perf_counter()
     with span("setup"):
@@ -82,7 +82,7 @@ class _Call:
         k, do_sample = spec_config.num_speculative_tokens, request.do_sample
         self.group = group = lockstep_group(model, draft_model if k else None, spec_config.draft_tp)  # TP ranks
         gen = lockstep_generator(model, group, spec_config.generator, do_sample, input_ids.device)
-        self.draft = draft = draft_model if k and spec_config.method == "draft" else None
+        self.draft = draft = draft_model if k and spec_config.method in ("draft", "head") else None
         path = choose_path(spec_config, input_ids.device, logits_processor, input_ids.shape[0], (model, draft))
         self.metrics = SpecMetrics(num_speculative_tokens=k, fast_path=path.label)
         self.timer = StageTimer(self.metrics, input_ids.device, spec_config.sync_stage_timing)

@@ -26,12 +26,12 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
 from .reduced_vocab import ReducedVocabHead, reduced_head
+from .weight_probe import matches_probe, probe
 
 FORMAT = "hf_specdec.reduced_vocab/1"
 META_FILE = "reduced_vocab.json"
 WEIGHTS_FILE = "model.safetensors"
 PROBE_KEY = "hf_specdec.embedding_probe"
-_PROBE_ROWS = 16
 
 
 def _embedding_key(model: nn.Module) -> str:
@@ -46,26 +46,12 @@ def _module_name(model: nn.Module, module: nn.Module) -> str:
     return next(name for name, m in model.named_modules() if m is module)
 
 
-def _probe_rows(vocab_size: int) -> torch.Tensor:
-    return torch.linspace(0, vocab_size - 1, _PROBE_ROWS).round().long().unique()
-
-
-def _probe(weight: torch.Tensor) -> torch.Tensor:
-    return weight.detach().index_select(0, _probe_rows(weight.shape[0]).to(weight.device)).float().cpu()
-
-
 def _same_embedding(draft_weight: torch.Tensor, target_weight: torch.Tensor) -> bool:
     """The draft's embedding is the target's, exactly once cast to the target's dtype (a frozen copy)."""
     if draft_weight.shape != target_weight.shape:
         return False
     return torch.equal(draft_weight.detach().to(device=target_weight.device, dtype=target_weight.dtype),
                        target_weight.detach())
-
-
-def _matches_probe(weight: torch.Tensor, probe: torch.Tensor) -> bool:
-    """Probe rows equal up to a cast to bf16 (the target may be loaded in another dtype than at save time)."""
-    scale = float(probe.abs().max().clamp(min=1e-6))
-    return bool(torch.allclose(_probe(weight), probe, rtol=1e-2, atol=1e-2 * scale))
 
 
 def save_reduced_draft(draft: nn.Module, path: Union[str, Path], target: Optional[nn.Module] = None,
@@ -92,7 +78,7 @@ def save_reduced_draft(draft: nn.Module, path: Union[str, Path], target: Optiona
             t = t.to(dtype)
         state[name] = t.contiguous().cpu().clone()
     if from_target:
-        state[PROBE_KEY] = _probe(emb)
+        state[PROBE_KEY] = probe(emb)
     save_file(state, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
     draft.config.save_pretrained(path)
     if getattr(draft, "generation_config", None) is not None:
@@ -173,8 +159,8 @@ def _target_embedding(target: Optional[nn.Module], state: dict, meta: dict, path
         raise ValueError(f"{path} was saved without its input embedding (it is the target's); pass the target: "
                          "load_reduced_draft(path, target=target).")
     weight = target.get_input_embeddings().weight
-    probe = state.pop(PROBE_KEY)
-    if weight.shape[0] != meta["vocab_size"] or not _matches_probe(weight, probe):
+    saved = state.pop(PROBE_KEY)
+    if weight.shape[0] != meta["vocab_size"] or not matches_probe(weight, saved):
         raise ValueError(f"the target's input embedding (shape {tuple(weight.shape)}) is not the one the draft at "
                          f"{path} was saved with (vocabulary {meta['vocab_size']}); pass the target it was built from.")
     return weight

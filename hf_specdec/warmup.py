@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 from transformers import PreTrainedModel
 
-from .call.arguments import as_spec_config
+from .call.arguments import as_spec_config, with_proposer
 from .runner import bucket_for, runner_for
 
 _SMALL_CALL_TOKENS = 8  # new tokens of the calls that only visit a smaller bucket
@@ -36,8 +36,8 @@ def warmup(model: PreTrainedModel, assistant_model: Optional[PreTrainedModel] = 
             raise ValueError(f"hf_specdec.warmup: {name} must be a positive int; got {value!r}.")
     if not getattr(model.generate, "_hf_specdec_enabled", False):
         raise ValueError("hf_specdec.warmup needs a model passed to hf_specdec.enable(model) first.")
-    spec = as_spec_config(spec_config)
-    uses_draft = spec.num_speculative_tokens > 0 and spec.method == "draft"
+    spec = with_proposer(as_spec_config(spec_config), assistant_model)
+    uses_draft = spec.num_speculative_tokens > 0 and spec.method in ("draft", "head")
     vocab = model.config.get_text_config().vocab_size
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(0)

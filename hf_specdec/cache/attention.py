@@ -23,7 +23,7 @@ import contextlib
 import sys
 import threading
 import weakref
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 from transformers import AttentionInterface, PreTrainedModel
@@ -205,16 +205,28 @@ def paged_attention_enabled(*models: PreTrainedModel) -> Iterator[None]:
 
 
 def paged_forward(model: PreTrainedModel, input_ids: torch.Tensor, batch, logits_rows: torch.Tensor,
-                  call=None) -> torch.Tensor:
+                  call=None, hidden: bool = False, features: Optional[torch.Tensor] = None):
     """One packed forward over ``input_ids`` ``(T,)``; returns fp32 logits of the rows ``logits_rows``.
-    ``call``: what to invoke instead of ``model`` itself (its compiled version)."""
+    ``call``: what to invoke instead of ``model`` itself (its compiled version).
+    ``hidden``: also return the last hidden state of every token ``(T, H)``, the features a draft head reads: the
+    model's decoder runs, then its output layer on ``logits_rows`` (and its final soft-cap), as its own forward does.
+    ``features`` ``(T, H)``: the model is a draft head (``draft_head.py``) reading them; returns its logits and its
+    own hidden states."""
     device = input_device(model)
+    m = call if call is not None else model
+    args = dict(input_ids=input_ids[None].to(device), position_ids=batch.positions[None].to(device),
+                **{PAGED_BATCH_KWARG: batch})
     with _paged_implementation(model), kwargs_left_in_place(model, "logits_to_keep"):
-        out = (call if call is not None else model)(
-            input_ids=input_ids[None].to(device),
-            position_ids=batch.positions[None].to(device),
-            use_cache=False,
-            logits_to_keep=logits_rows.to(hidden_states_device(model)),  # indexes the last layer's output
-            **{PAGED_BATCH_KWARG: batch},
-        )
+        rows = logits_rows.to(hidden_states_device(model))  # indexes the last layer's output
+        if features is not None:
+            out = m(features=features[None], logits_to_keep=rows, **args)
+            return out.logits[0].float(), out.hidden[0]
+        if hidden:
+            states = m.get_decoder()(use_cache=False, **args).last_hidden_state
+            logits = m.get_output_embeddings()(states[:, rows])[0]  # (1, n, H) in: the shape its forward passes
+            softcap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
+            if softcap is not None:  # in the model's dtype, as its forward does
+                logits = torch.tanh(logits / softcap) * softcap
+            return logits.float(), states[0]
+        out = m(use_cache=False, logits_to_keep=rows, **args)
     return out.logits[0].float().to(input_ids.device)

@@ -64,8 +64,9 @@ def is_split(model: nn.Module) -> bool:
 
 
 def _embedding_name(model: nn.Module) -> str:
+    """The embedding's module name ("" for one the model reads but does not own: a draft head's, its target's)."""
     embedding = model.get_input_embeddings()
-    return next(n for n, m in model.named_modules() if m is embedding)
+    return next((n for n, m in model.named_modules() if m is embedding), "")
 
 
 def _last_hidden_name(model: nn.Module) -> str:

@@ -7,7 +7,7 @@ vocabulary, since the target verifies the draft's token ids as they are.
 """
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import torch
 
@@ -28,6 +28,19 @@ def as_spec_config(value) -> SpecConfig:
         return SpecConfig(**value)
     raise TypeError(f"spec_config must be a hf_specdec.SpecConfig or a dict of its fields; got {type(value).__name__} "
                     f"{value!r}.")
+
+
+def with_proposer(spec: SpecConfig, draft) -> SpecConfig:
+    """A draft head (``hf_specdec.DraftHead``) passed as ``assistant_model`` drafts by ``method="head"``: the
+    default ``method="draft"`` becomes it. ``method="head"`` with another assistant (or none) raises."""
+    is_head = getattr(draft, "reads_target_hidden", False)
+    if is_head and spec.method == "draft":
+        return replace(spec, method="head")
+    if spec.method == "head" and not is_head and spec.num_speculative_tokens:
+        raise ValueError(f"SpecConfig(method='head') drafts with a draft head, but assistant_model is "
+                         f"{type(draft).__name__ if draft is not None else None}: pass "
+                         "assistant_model=hf_specdec.load_draft_head(path, target=model) (or DraftHead.for_target).")
+    return spec
 
 
 def check_draft_model(draft) -> None:

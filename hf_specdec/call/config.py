@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 ACCEPTANCE_METHODS = ("rejection", "typical", "greedy")
-PROPOSAL_METHODS = ("draft", "ngram")
+PROPOSAL_METHODS = ("draft", "head", "ngram")
 
 
 @dataclass
@@ -17,8 +17,10 @@ class SpecConfig:
     num_speculative_tokens: draft tokens proposed per round; with ``adaptive`` the most a round
         proposes (k = 0 is plain decoding through the same fixed-shape runner, no draft model
         needed: the project's own baseline).
-    method: "draft" (a draft model, ``assistant_model=``) or "ngram" (prompt lookup: the tokens
-        that followed the latest earlier occurrence of the row's last n tokens; no draft model).
+    method: "draft" (a draft model, ``assistant_model=``), "head" (a draft head on the target's hidden
+        states, ``assistant_model=hf_specdec.load_draft_head(...)``; chosen by itself when the assistant
+        is one) or "ngram" (prompt lookup: the tokens that followed the latest earlier occurrence of the
+        row's last n tokens; no draft model).
     prompt_lookup_min, prompt_lookup_max: the n-gram sizes tried, longest first.
     adaptive: choose each round's k in [0, num_speculative_tokens] from the acceptance measured
         per row and the round costs measured on this machine. False keeps k fixed. None: on,

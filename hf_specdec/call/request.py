@@ -13,6 +13,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from ..cache import blocks_for, check_paged_support
+from ..cache.devices import is_split
 from .arguments import check_draft_model
 from .batch_state import SequenceBatch
 from .config import SpecConfig
@@ -116,6 +117,8 @@ def check_request(model, draft_model, input_ids, generation_config: GenerationCo
     if spec_config.method == "ngram" and draft_model is not None:
         raise ValueError("SpecConfig(method='ngram') proposes from the prompt and output, not from a draft model; "
                          "drop assistant_model= or use method='draft'.")
+    if getattr(draft_model, "reads_target_hidden", False):
+        _check_head(model, draft_model)
     if draft_model is None and spec_config.num_speculative_tokens > 0 and spec_config.method == "draft":
         raise ValueError("speculative decoding needs a draft model: pass assistant_model=<draft> to generate() "
                          "(or SpecConfig(method='ngram') for prompt lookup without one).")
@@ -152,6 +155,17 @@ def check_request(model, draft_model, input_ids, generation_config: GenerationCo
     pad = _as_list(getattr(generation_config, "_pad_token_tensor", None)) or _as_list(generation_config.pad_token_id)
     pad_id = pad[0] if pad else (eos[0] if eos else 0)
     return Request(bool(generation_config.do_sample), max_new, vocab, eos, pad_id)
+
+
+def _check_head(target: PreTrainedModel, head) -> None:
+    """A draft head reads through its target's own embedding and output layer: it must be bound to this target,
+    on one device with it."""
+    if not head.bound_to(target):
+        raise ValueError(f"this draft head is bound to another model than the target {type(target).__name__}: load "
+                         "it for this one, load_draft_head(path, target=model).")
+    if is_split(target) or tp_size(target) > 1:
+        raise ValueError(f"{type(target).__name__} is split over devices (device_map or tensor parallelism); draft "
+                         "heads read the target's hidden states on one device. Use a draft model there.")
 
 
 def _bytes_per_token(model: PreTrainedModel) -> int:

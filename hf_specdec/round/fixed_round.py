@@ -2,8 +2,8 @@
 runner executes, eagerly or captured in CUDA graphs (one pair of graphs per bucket and per k the
 speculation-length policy picks). ``RoundSpec.stages`` hands the runner the round's two stages:
 
-    propose   the proposer of ``SpecConfig.method`` (proposers.py: a draft model, prompt lookup)
-              writes up to k drafts per row after its committed tokens.
+    propose   the proposer of ``SpecConfig.method`` (proposers.py: a draft model, a draft head,
+              prompt lookup) writes up to k drafts per row after its committed tokens.
     verify    one target forward of k+1 tokens per row ([y_last, x_1..x_k]), the call's logits
               processors (logits/), then greedy / rejection / typical acceptance (kernels/).
     commit    cut at EOS and max_new_tokens, append, advance lengths: on the device.
@@ -43,7 +43,7 @@ class RoundSpec:
     generator: Optional[torch.Generator] = None
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
-    method: str = "draft"  # the proposer (proposers.PROPOSERS)
+    method: str = "draft"  # the proposer (proposers.PROPOSERS): "draft", "head" or "ngram"
     ngram_sizes: tuple = (1, 3)  # (min n, max n) of the prompt lookup
 
     @property
@@ -52,9 +52,13 @@ class RoundSpec:
         return PROPOSERS[self.method].model if self.k else None
 
     def stages(self, s: BucketState, models: dict, k: int) -> list[tuple[str, Callable[[], None]]]:
-        """A round of ``k <= self.k`` drafts: ``[(name, stage)]``, propose (k > 0) then verify and commit."""
+        """A round of ``k <= self.k`` drafts: ``[(name, stage)]``, propose (k > 0, or a proposer that reads every
+        round) then verify and commit."""
         verify = ("verify", partial(verify_and_commit, s, models["target"], self, k))
-        return [("propose", partial(PROPOSERS[self.method].propose, s, models, self, k)), verify] if k else [verify]
+        proposer = PROPOSERS[self.method]
+        if not (k or (self.k and proposer.every_round)):
+            return [verify]
+        return [("propose", partial(proposer.propose, s, models, self, k)), verify]
 
     def catch_up(self, s: BucketState, models: dict, width: int, compiled: bool) -> None:
         """The proposer's model reads ``width`` of the tokens it missed (``DraftModelProposer.catch_up``)."""
@@ -68,7 +72,11 @@ def verify_and_commit(s: BucketState, target: PagedModel, spec: RoundSpec, k: in
     end = s.pads + s.length
     input_ids = s.hist.gather(1, (end - 1)[:, None] + span).view(-1)
     positions = ((s.length - 1)[:, None] + span).view(-1)
-    logits = target.forward(input_ids, positions, s.target_tables, s.length + k, k + 1, False)
+    if s.features is None:
+        logits = target.forward(input_ids, positions, s.target_tables, s.length + k, k + 1, False)
+    else:  # a draft head reads these features next round
+        logits, hidden = target.forward(input_ids, positions, s.target_tables, s.length + k, k + 1, False, hidden=True)
+        s.features[:, : k + 1] = hidden.view(B, k + 1, -1)
     rows = torch.arange(B, device=device).repeat_interleave(k + 1)
     scores = spec.logits(logits, s.hist, rows, (end[:, None] + span).view(-1), batch_rows=s.batch_row[rows],
                          live=~s.done[rows] if spec.logits.reads_live else None)

@@ -1,10 +1,12 @@
 """Proposers: what fills a round's drafts. The interface the round calls (after transformers'
-``CandidateGenerator``: small, one method per round), implemented here by a draft model and by
-prompt lookup; a future proposer (a draft head on the target's hidden states) implements the same.
+``CandidateGenerator``: small, one method per round), implemented here by a draft model, a draft
+head on the target's hidden states and prompt lookup.
 
     model           the paged model it drafts with, by the runner's name for it ("draft"), or None.
                     The runner gives that model a paged cache, prefills it with the prompts, and
                     calls ``catch_up`` when the model has missed tokens (rounds of k = 0).
+    every_round     ``propose`` runs in rounds of k = 0 too (it reads what the last round committed
+                    then, so the model never falls behind and needs no ``catch_up``).
     propose(s, models, spec, k)
                     writes ``s.drafts[:, :k]`` and the drafts into ``s.hist`` after each row's
                     committed tokens, ``s.counts`` (real drafts per row, at most k) and, when
@@ -27,6 +29,7 @@ from .sampling import choose_tokens
 
 class Proposer(Protocol):
     model: Optional[str]
+    every_round: bool
 
     def propose(self, s: BucketState, models: dict, spec, k: int) -> None:
         """Up to ``k`` drafts per row of ``s`` (see the module's docstring)."""
@@ -41,6 +44,7 @@ class DraftModelProposer:
     otherwise an already cached token re-fed, an identical K/V rewrite); steps 2..k feed 1 token."""
 
     model = "draft"
+    every_round = False
 
     def propose(self, s: BucketState, models: dict, spec, k: int) -> None:
         draft: PagedModel = models["draft"]
@@ -81,11 +85,50 @@ class DraftModelProposer:
         s.behind.sub_(width).clamp_(min=0)
 
 
+class HeadProposer:
+    """A draft head on the target's features (``draft_head.py``): head position i reads (f_i, t_{i+1}) and
+    proposes t_{i+2}. Its first step reads, with the target's own features (``s.features``, from the last
+    verify), every pair since the last round: K+1 tokens per row from position ``length - keep - 1``, the pairs
+    of the tokens that round committed (positions past them hold rejected drafts; later steps and the next round
+    rewrite them before anything reads them). Its output at the last committed pair proposes the first draft;
+    steps 2..k read (its own guess g of the next feature, the token just drafted). At k = 0 only the first step
+    runs, without logits: the head reads every committed position, so it never needs a catch-up."""
+
+    model = "draft"
+    every_round = True
+
+    def propose(self, s: BucketState, models: dict, spec, k: int) -> None:
+        head: PagedModel = models["draft"]
+        B, width, device = s.size, s.features.shape[1], s.hist.device
+        rows = torch.arange(B, device=device)
+        span = torch.arange(width, device=device)
+        first = s.length - s.keep - 1  # the first position the head has not read with the target's feature
+        input_ids = s.hist.gather(1, (s.pads + first + 1)[:, None] + span).view(-1)
+        positions = (first[:, None] + span).view(-1)
+        pick = rows * width + (s.keep - 1).clamp(min=0)  # each row's last committed pair
+        logits, g = head.forward(input_ids, positions, s.draft_tables, first + width, width, False,
+                                 features=s.features.view(B * width, -1), rows=pick if k else pick[:0])
+        g = g[pick]
+        end = s.pads + s.length  # history column of the first draft
+        s.counts.fill_(k)
+        for j in range(k):
+            scores = spec.logits(logits, s.hist, rows, end + j, batch_rows=s.batch_row,
+                                 live=~s.done if spec.logits.reads_live else None)
+            tokens, probs = choose_tokens(scores, spec.do_sample, spec.generator)
+            s.hist.scatter_(1, (end + j)[:, None], tokens[:, None])
+            s.drafts[:, j] = tokens
+            if probs is not None:
+                s.draft_probs[:, j] = probs
+            if j + 1 < k:
+                logits, g = head.forward(tokens, s.length - 1 + j, s.draft_tables, s.length + j, 1, True, features=g)
+
+
 class NgramProposer:
     """Prompt lookup (``kernels/ngram_lookup.py``): the tokens that followed the longest earlier match of each
     row's last n tokens (n from ``spec.ngram_sizes``); a row without a match proposes nothing."""
 
     model = None
+    every_round = False
 
     def propose(self, s: BucketState, models: dict, spec, k: int) -> None:
         drafts, counts = kernels.ngram_drafts(s.hist, s.pads, s.length, k, *spec.ngram_sizes)
@@ -95,4 +138,4 @@ class NgramProposer:
         s.counts.copy_(counts)
 
 
-PROPOSERS = {"draft": DraftModelProposer(), "ngram": NgramProposer()}
+PROPOSERS = {"draft": DraftModelProposer(), "head": HeadProposer(), "ngram": NgramProposer()}

@@ -65,6 +65,8 @@ class BucketState:
     draft_tables: torch.Tensor
     drafts: torch.Tensor  # (B, K) this round's draft tokens (the first k columns of a round of k)
     draft_probs: Optional[torch.Tensor]  # (B, K, V) when sampling with a draft model
+    features: Optional[torch.Tensor]  # (B, K+1, H) with a draft head: the target's last verify features (column
+    # j: position length-keep-1+j), or, after a row starts, its last prompt token's in column 0 (keep = 1)
     counts: torch.Tensor  # (B,) real drafts of this round per row (n-gram rows may have fewer than k)
     keep: torch.Tensor  # (B,) tokens committed by the last round
     accepted: torch.Tensor  # (B,) drafts accepted by the last round
@@ -90,9 +92,9 @@ class BucketState:
 
     @classmethod
     def allocate(cls, rows: int, width: int, table_width: int, k: int, vocab: Optional[int], eos_ids: int,
-                 device: torch.device) -> "BucketState":
+                 device: torch.device, features: Optional[tuple[int, torch.dtype]] = None) -> "BucketState":
         """``k``: the most drafts a round proposes; ``vocab`` given: room for the draft's distributions;
-        ``eos_ids``: room for that many EOS ids."""
+        ``eos_ids``: room for that many EOS ids; ``features`` (hidden size, dtype): room for a draft head's."""
         def z(*shape, dtype=torch.long):
             return torch.zeros(*shape, dtype=dtype, device=device)
         return cls(
@@ -100,6 +102,7 @@ class BucketState:
             done=z(rows, dtype=torch.bool),
             target_tables=z(rows, table_width, dtype=torch.int32), draft_tables=z(rows, table_width, dtype=torch.int32),
             drafts=z(rows, k), draft_probs=None if vocab is None else z(rows, k, vocab, dtype=torch.float32),
+            features=None if features is None else z(rows, k + 1, features[0], dtype=features[1]),
             counts=z(rows), keep=z(rows), accepted=z(rows), max_new=z(()), behind=z(()), eos=z(eos_ids), stat_rows=z(()),
             stat_drafts=z(()), stat_draft_tokens=z(()), stat_accepted=z(()), stat_per_position=z(k),
         )
@@ -125,11 +128,29 @@ class BucketState:
         """Rows ``index`` of ``source`` become this bucket's first rows (a smaller bucket takes the survivors)."""
         n = index.shape[0]
         for name in ("hist", "pads", "batch_row", "length", "gen", "done", "target_tables", "draft_tables",
-                     "keep", "accepted", "counts"):  # the last three: a round that ran before the move is read after it
+                     "keep", "accepted", "counts", "features"):  # keep, accepted, counts: a round that ran before
+            # the move is read after it; keep and features: what a draft head reads next
             dst, src = getattr(self, name), getattr(source, name)
+            if dst is None:
+                continue
             dst[:n] = src.index_select(0, index)[:, : dst.shape[1]] if dst.dim() == 2 else src.index_select(0, index)
         for name in ("max_new", "eos") + STAT_FIELDS:
             getattr(self, name).copy_(getattr(source, name))
+
+    def head_reads(self, rows: list[int]) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """With a draft head, rows ``rows``'s features and ``keep`` (what its next round reads), to carry over a
+        rebuild of the bucket (``SpecRunner.load`` starts the rows afresh); else None."""
+        if self.features is None or not rows:
+            return None
+        index = torch.tensor(rows, device=self.hist.device)
+        return self.features.index_select(0, index), self.keep.index_select(0, index)
+
+    def restore_head_reads(self, saved: Optional[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """``head_reads`` of another (or this) bucket back into the first rows."""
+        if saved is not None:
+            features, keep = saved
+            self.features[: features.shape[0]] = features
+            self.keep[: keep.shape[0]] = keep
 
     # -- what the host reads at a sync (after the round: no round may run ahead then) --------------
     def last_runs(self, kept: list[int]) -> list[list[int]]:

@@ -23,20 +23,31 @@ class PagedModel:
         self.vocab_size = vocab_size
         self.call = call  # a compiled model, or None for the model itself
 
+    @property
+    def reads_hidden(self) -> bool:
+        """A draft head (``draft_head.py``): each forward reads features along with the tokens."""
+        return getattr(self.model, "reads_target_hidden", False)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor,
-                seq_lens: torch.Tensor, q: int, last_only: bool, eager: bool = False) -> torch.Tensor:
+                seq_lens: torch.Tensor, q: int, last_only: bool, eager: bool = False, hidden: bool = False,
+                features: Optional[torch.Tensor] = None, rows: Optional[torch.Tensor] = None):
         """``input_ids``/``positions`` ``(B*q,)``, row b's tokens at ``[b*q, (b+1)*q)``; ``seq_lens`` ``(B,)``
         lengths after the step. Returns fp32 logits ``(B, V)`` of each row's last token, or ``(B*q, V)``.
-        ``eager``: the model itself even when compiled (an odd one-off shape would recompile it)."""
+        ``eager``: the model itself even when compiled (an odd one-off shape would recompile it).
+        ``hidden`` (a target) or ``features`` ``(B*q, H)`` (a draft head): returns ``(logits, hidden states of every
+        token (B*q, H))`` (``cache.paged_forward``). ``rows``: the token indices whose logits to compute instead."""
         B = tables.shape[0]
         device = input_ids.device
         token_rows = torch.arange(B, device=device)[:, None].expand(B, q).reshape(-1)
         slots = self.cache.slot_mapping(tables, token_rows, positions)
         query_start_loc = torch.arange(B + 1, device=device, dtype=torch.int32) * q
         batch = PagedBatch(self.cache, tables, seq_lens.to(torch.int32), query_start_loc, slots, positions, q)
-        rows = torch.arange(B, device=device) * q + (q - 1) if last_only else torch.arange(B * q, device=device)
-        logits = paged_forward(self.model, input_ids, batch, rows, call=None if eager else self.call)
-        return align_vocab(logits, self.vocab_size)
+        if rows is None:
+            rows = torch.arange(B, device=device) * q + (q - 1) if last_only else torch.arange(B * q, device=device)
+        out = paged_forward(self.model, input_ids, batch, rows, None if eager else self.call, hidden, features)
+        if isinstance(out, tuple):
+            return align_vocab(out[0], self.vocab_size), out[1]
+        return align_vocab(out, self.vocab_size)
 
 
 def align_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:

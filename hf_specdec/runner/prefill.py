@@ -22,6 +22,12 @@ All prefill graphs share one memory pool (a few shapes of a long prompt would ot
 their own activations), which is safe because their inputs and outputs live outside it and one
 prefill graph runs at a time. At most ``PREFILL_MAX_SHAPES`` are kept.
 
+A draft head (``draft_head.py``) reads the target's last hidden states: the target's prefill then also keeps
+them for every token (``ModelPrefill.hidden``), and the head reads, at each prompt token but the last, the pair
+(that token's feature, the next token's id) in the same packed layout; a row's last token writes no K/V (its
+next token is the first one generated: the first round reads that pair). ``FixedPrefill.last_hidden`` holds
+each row's last prompt feature for that round.
+
 Without CUDA graphs the same packed shapes run eagerly, so the CPU tests check the very packing that
 the graphs capture. A tensor-parallel target, or a model on another device than the inputs, prefills
 eagerly and unpadded.
@@ -84,6 +90,8 @@ class ModelPrefill:
         self.slots = torch.zeros(T, dtype=torch.long, device=device)
         self.logits = logits  # (B, V) fp32, shared by the model's shapes of B rows (read before the next)
         self.graph: Optional[StageGraph] = None
+        self.hidden: Optional[torch.Tensor] = None  # (T, H) a target's last hidden states, when a draft head reads them
+        self.input_ids: Optional[torch.Tensor] = None  # (T,) a draft head's: each token's next one in its row
 
 
 class FixedPrefill:
@@ -95,6 +103,7 @@ class FixedPrefill:
         self.logits: dict[tuple, torch.Tensor] = {}  # (model, B, vocab) -> its shapes' logits out (262k-token rows)
         self.pool = None
         self.capture_seconds = 0.0  # capture time of the last ``run`` (the runner counts it as warm-up)
+        self.last_hidden: Optional[torch.Tensor] = None  # (n, H) with a draft head: each row's last prompt feature
 
     def drop(self) -> None:
         self.inputs.clear()
@@ -113,6 +122,8 @@ class FixedPrefill:
         n, device = len(rows), batch.device
         B, T, Q = bucket_for(n), token_bucket(sum(lens)), token_bucket(max(lens))
         self.capture_seconds = 0.0
+        head = next((pm for name, pm in models.items() if pm.reads_hidden and name not in skip), None)
+        target_mp = None
         if len(self.models) >= PREFILL_MAX_SHAPES:  # rarely: a process that met very many prompt shapes
             self.drop()
         inputs = self.inputs.get((B, T))
@@ -129,8 +140,13 @@ class FixedPrefill:
                 if logits is None:
                     logits = self.logits[(name, B, pm.vocab_size)] = torch.zeros(B, pm.vocab_size, device=device)
                 mp = self.models[(name, B, T, Q, width, pm.vocab_size)] = ModelPrefill(B, T, width, logits, device)
-            _fill_slots(mp, inputs, pm.cache, width)
-            stage = _forward(pm, inputs, mp, Q)
+                if name == "target" and head is not None:
+                    mp.hidden = torch.zeros(T, pm.model.config.get_text_config().hidden_size, device=device,
+                                            dtype=pm.model.get_output_embeddings().weight.dtype)
+            _fill_slots(mp, inputs, pm.cache, width, pm.reads_hidden)
+            stage = _forward(pm, inputs, mp, Q, target_mp.hidden if pm.reads_hidden else None)
+            if name == "target":
+                target_mp = mp
             if not graphs:
                 stage()
             elif mp.graph is None:  # the capture's warm-up computes this prefill: no replay needed
@@ -143,6 +159,7 @@ class FixedPrefill:
                 mp.graph()
             if name == "target":
                 out = mp.logits[:n].clone()  # another shape's replay may reuse the pool, never this buffer
+        self.last_hidden = None if head is None else target_mp.hidden[inputs.last[:n]]
         return out
 
 
@@ -175,17 +192,25 @@ def _pack(inputs: PrefillInputs, batch, rows: list[int], lens: list[int]) -> Non
     inputs.input_ids[:S] = ids
 
 
-def _fill_slots(mp: ModelPrefill, inputs: PrefillInputs, cache, width: int) -> None:
+def _fill_slots(mp: ModelPrefill, inputs: PrefillInputs, cache, width: int, head: bool = False) -> None:
     """The model's block tables of the rows (scratch row 0 for empty rows) and the slot of every token (-1,
     nothing written, for padding tokens). Device work only: no copy from the host waits for an earlier
-    model's prefill."""
+    model's prefill. ``head``: a draft head's shifted tokens, no K/V at a row's last token."""
     mp.tables.copy_(cache.block_tables.index_select(0, inputs.cache_rows)[:, :width])
     slots = cache.slot_mapping(mp.tables, inputs.token_row, inputs.positions)
-    mp.slots.copy_(torch.where(inputs.real, slots, -1))
+    real = inputs.real
+    if head:  # a row's last token (``last`` of an empty padding row is 0: compare within each token's own row)
+        token = torch.arange(real.shape[0], device=real.device)
+        real = real & (token != inputs.last[inputs.token_row])
+        if mp.input_ids is None:  # a static buffer: the graph reads it
+            mp.input_ids = torch.zeros_like(inputs.input_ids)
+        mp.input_ids.copy_(inputs.input_ids.roll(-1))
+    mp.slots.copy_(torch.where(real, slots, -1))
 
 
-def _forward(pm, inputs: PrefillInputs, mp: ModelPrefill, Q: int):
-    """The stage a graph captures: the model (not compiled) over the static buffers, logits into ``mp``."""
+def _forward(pm, inputs: PrefillInputs, mp: ModelPrefill, Q: int, features: Optional[torch.Tensor] = None):
+    """The stage a graph captures: the model (not compiled) over the static buffers, logits into ``mp`` (a target's
+    hidden states too, where ``mp.hidden`` has room; a draft head reads the target's, ``features``)."""
     B, T = inputs.seq_lens.shape[0], inputs.input_ids.shape[0]
     # one row: its prompt then padding, so a causal self-attention over all T tokens is exact for the real ones
     # (they come first); the model's own attention computes it (several rows: their spans vary between replays)
@@ -194,5 +219,42 @@ def _forward(pm, inputs: PrefillInputs, mp: ModelPrefill, Q: int):
     def stage():
         batch = PagedBatch(pm.cache, mp.tables, inputs.seq_lens, inputs.query_start_loc, mp.slots,
                            inputs.positions, Q, fresh)
-        mp.logits.copy_(align_vocab(paged_forward(pm.model, inputs.input_ids, batch, inputs.last), pm.vocab_size))
+        if features is not None:  # a draft head: its K/V only (the first round reads the last pair)
+            paged_forward(pm.model, mp.input_ids, batch, inputs.last[:0], features=features)
+            return
+        out = paged_forward(pm.model, inputs.input_ids, batch, inputs.last, hidden=mp.hidden is not None)
+        if mp.hidden is not None:
+            out, hidden = out
+            mp.hidden.copy_(hidden)
+        mp.logits.copy_(align_vocab(out, pm.vocab_size))
     return stage
+
+
+def eager_prefill(models: dict, batch, rows: list[int], lens: list[int], skip: tuple, head: bool
+                  ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The prompts unpadded, one ragged forward per model (not those in ``skip``): the target's last logits
+    ``(n, V)`` and, with a draft head (``head``), each row's last prompt feature ``(n, H)``."""
+    out, hidden, last_hidden, starts = None, None, None, [0]
+    for n in lens:
+        starts.append(starts[-1] + n)
+    for name, pm in models.items():
+        if name in skip:
+            continue
+        device = batch.device
+        step = pm.cache.batch(torch.tensor([b + 1 for b in rows], device=device),
+                              torch.zeros(len(rows), dtype=torch.long, device=device),
+                              torch.tensor(lens, device=device), max(lens), sum(lens))
+        step.fresh = tuple(zip(starts, starts[1:]))  # prompts from position 0: the model's own attention
+        input_ids = batch.gather(rows, [batch.pads[b] for b in rows], lens)
+        last = step.query_start_loc[1:].long() - 1
+        if pm.reads_hidden:  # a draft head: (feature, next token) pairs; a row's last token writes no K/V
+            step.slot_mapping = step.slot_mapping.index_fill(0, last, -1)
+            paged_forward(pm.model, input_ids.roll(-1), step, last[:0], features=hidden)
+            continue
+        logits = paged_forward(pm.model, input_ids, step, last, hidden=head and name == "target")
+        if name == "target":
+            if head:
+                logits, hidden = logits
+                last_hidden = hidden[last]
+            out = logits[:, : pm.vocab_size]
+    return out, last_hidden

@@ -40,8 +40,10 @@ def rejoin(runner: SpecRunner, live: list[int], live_rows: list[int], live_gen: 
         for b, gen in zip(live_rows, live_gen):
             batch.gen_len[b] = gen
     stats = [t.clone() for t in s.stats()]
+    head_reads = s.head_reads(live)  # a draft head's next read of the survivors
     # the survivors' draft model has still to read what it missed (new rows re-read cached tokens)
     runner.load(live_rows + new_rows, eos_ids, behind=runner.draft_behind)
     s = runner.state
+    s.restore_head_reads(head_reads)
     for t, saved in zip(s.stats(), stats):
         t.add_(saved)

@@ -26,12 +26,12 @@ from typing import Optional
 import torch
 from transformers import PreTrainedModel
 
-from ..cache import PagedKVCache, blocks_for, input_device, paged_forward
+from ..cache import PagedKVCache, blocks_for, input_device
 from .background_compile import BackgroundCompile, compile_job
 from .bucket_state import BucketState, RowAtSync, bucket_for, eos_width
 from .graphs import StageGraph
 from .paged_model import PagedModel
-from .prefill import FixedPrefill
+from .prefill import FixedPrefill, eager_prefill
 from .runner_slots import RunnerKey, RunnerSlots, capacity
 
 CATCH_UP = 16  # tokens per row the draft model reads in one window after rounds of k = 0
@@ -53,6 +53,8 @@ class SpecRunner:
         self.draft_behind = 0  # tokens (rounds of k = 0, or whole rows) the draft model has not read yet
         self.draft_deferred = False  # this call's rows start without the draft model's prefill
         self.policy_memory: dict = {}  # what the speculation-length policy keeps across calls (round costs, ...)
+        self.head = False  # this call drafts with a draft head (draft_head.py): it reads the target's features
+        self.prompt_features: Optional[torch.Tensor] = None  # (batch rows, H) with a head: last prompt features
 
     # -- per call ------------------------------------------------------------------
     def begin(self, batch, spec, logits_signature: tuple, vocab: int, graphs: bool, compile: bool,
@@ -81,6 +83,11 @@ class SpecRunner:
         models = {"target": self.target}
         if spec.draft_model is not None:
             models[spec.draft_model] = self.draft
+        # a draft head reads the target's features every round (at k = 0 too): it never falls behind
+        self.head = spec.draft_model is not None and getattr(self.draft, "reads_target_hidden", False)
+        if self.head:
+            hidden, dtype = self._features()
+            self.prompt_features = torch.zeros(batch.size, hidden, dtype=dtype, device=batch.device)
         table_width = max(capacity(blocks_for(longest, block_size), 8), self.key.table_width if self.key else 0)
         self.compile_asked = compile
         compiled = compile and self._compiled_ready(models, vocab, block_size, table_width, compile_wait)
@@ -113,7 +120,7 @@ class SpecRunner:
             cache.reserve([0], [scratch_tokens])
             cache.add_sequences(batch.size)  # blocks as each row starts: row_blocks.reserve_rows
         self.models = {name: PagedModel(model, self.caches[name], vocab,
-                                        self.compiling[name].compiled if compiled else None)
+                                        self.compiling[name].compiled if compiled and name in self.compiling else None)
                        for name, model in models.items()}
         self.fixed_prefill = fixed_prefill and all(_same_device(pm.cache.device, batch.device)
                                                    for pm in self.models.values())
@@ -125,7 +132,7 @@ class SpecRunner:
         """Start rows without the draft model's prefill: a call whose rounds stay at k = 0 (a draft the
         policy expects to be useless) then never runs the draft; the first round that drafts has it read
         every row from position 0 (``catch_up``, in windows that stay inside each row's budget)."""
-        self.draft_deferred = "draft" in self.models and self._catch_up_graph_fits()
+        self.draft_deferred = "draft" in self.models and not self.head and self._catch_up_graph_fits()
         return self.draft_deferred
 
     def prefill(self, rows: list[int]) -> torch.Tensor:
@@ -138,22 +145,12 @@ class SpecRunner:
         if self.fixed_prefill and FixedPrefill.fits(lens):
             out = self.prefills.run(self.models, batch, rows, lens, self.key.table_width, self.key.graphs, skip)
             self.warmup_seconds += self.prefills.capture_seconds
+            if self.head:
+                self.prompt_features[rows] = self.prefills.last_hidden
             return out
-        out, starts = None, [0]
-        for n in lens:
-            starts.append(starts[-1] + n)
-        for name, pm in self.models.items():
-            if name in skip:
-                continue
-            cache, device = pm.cache, batch.device
-            step = cache.batch(torch.tensor([b + 1 for b in rows], device=device),
-                               torch.zeros(len(rows), dtype=torch.long, device=device),
-                               torch.tensor(lens, device=device), max(lens), sum(lens))
-            step.fresh = tuple(zip(starts, starts[1:]))  # prompts from position 0: the model's own attention
-            input_ids = batch.gather(rows, [batch.pads[b] for b in rows], lens)
-            logits = paged_forward(pm.model, input_ids, step, step.query_start_loc[1:].long() - 1)
-            if name == "target":
-                out = logits[:, : pm.vocab_size]
+        out, hidden = eager_prefill(self.models, batch, rows, lens, skip, self.head)
+        if self.head:
+            self.prompt_features[rows] = hidden
         return out
 
     def load(self, rows: list[int], eos_ids: list[int], behind: int = 0) -> None:
@@ -174,6 +171,9 @@ class SpecRunner:
             tables = s.target_tables if name == "target" else s.draft_tables
             tables[:n] = pm.cache.block_tables.index_select(0, (index + 1).to(pm.cache.device))[:, : key.table_width]
         self._clear_padding(s, n)
+        if s.features is not None:  # a draft head's first round reads each row's last prompt pair
+            s.features[:n, 0] = self.prompt_features.index_select(0, index)
+            s.keep[:n] = 1
         s.max_new.fill_(batch.max_new_tokens)
         s.eos.copy_(torch.tensor(eos_ids + [-1] * (s.eos.shape[0] - len(eos_ids)), device=device))
         for t in s.stats():
@@ -193,7 +193,7 @@ class SpecRunner:
         caught_up = bool(drafting and k and self.draft_behind)
         if caught_up:
             self.catch_up()
-        elif drafting and not k:
+        elif drafting and not k and not self.head:
             self.draft_behind += 1
         for stage, graph in self._stages(k):
             if graph is None:
@@ -342,8 +342,13 @@ class SpecRunner:
             s = self.states[rows] = BucketState.allocate(
                 rows, key.width, key.table_width, key.k,
                 key.vocab if key.do_sample and self.spec.draft_model is not None else None, key.eos_width,
-                self.batch.device)
+                self.batch.device, self._features() if self.head else None)
         return s
+
+    def _features(self) -> tuple[int, torch.dtype]:
+        """The target's hidden size and dtype: what a draft head reads."""
+        return self.target.config.get_text_config().hidden_size, self.target.get_output_embeddings().weight.dtype
+
 
     def _clear_padding(self, s: BucketState, live: int) -> None:
         scratch = {name: pm.cache.block_tables[0, : self.key.table_width].to(s.hist.device)  # a draft on another GPU
@@ -355,6 +360,8 @@ class SpecRunner:
         now, ``wait``; that time counts as warm-up)."""
         ready = True
         for name, model in models.items():
+            if not getattr(model, "compiles", True):  # a draft head: graphs capture it as it is
+                continue
             job = self.compiling.get(name)
             if job is None:
                 job = self.compiling[name] = compile_job(model, vocab, block_size, table_width)

@@ -51,23 +51,28 @@ def time_stages(runner: SpecRunner, bucket: int, repeats: int = 50,
     spec, k = runner.spec, runner.spec.k
     target = runner.models["target"]
     device = s.hist.device
-    two = torch.arange(2, device=device)
     pieces: dict[str, Callable[[], object]] = {
         "target_step": lambda: target.forward(s.hist[:, 0].contiguous(), s.length - 1, s.target_tables, s.length, 1,
                                               True),
         "verify_forward": lambda: target.forward(s.hist[:, : k + 1].reshape(-1).contiguous(),
                                                  ((s.length - 1)[:, None] + torch.arange(k + 1, device=device)).view(-1),
-                                                 s.target_tables, s.length + k, k + 1, False),
+                                                 s.target_tables, s.length + k, k + 1, False,
+                                                 hidden=s.features is not None),
     }
     stages = dict(spec.stages(s, runner.models, k))  # the round's own: propose (k > 0), verify and commit
     pieces["verify_and_commit"] = stages["verify"]
     if k:
         draft = runner.models["draft"]
+        head = draft.reads_hidden  # a draft head reads features with its tokens
+        step_in = dict(features=s.features[:, 0].contiguous()) if head else {}
         pieces["draft_step"] = lambda: draft.forward(s.hist[:, 0].contiguous(), s.length - 1, s.draft_tables,
-                                                     s.length, 1, True)
+                                                     s.length, 1, True, **step_in)
+        first = k + 1 if head else 2  # a head's first step reads the last round's k+1 pairs; a model's, 2 tokens
+        span = torch.arange(first, device=device)
+        first_in = dict(features=s.features[:, :first].reshape(-1, s.features.shape[-1]).contiguous()) if head else {}
         pieces["draft_first_step"] = lambda: draft.forward(
-            s.hist[:, :2].reshape(-1).contiguous(), ((s.length - 2)[:, None] + two).view(-1),
-            s.draft_tables, s.length, 2, True)
+            s.hist[:, :first].reshape(-1).contiguous(), ((s.length - first)[:, None] + span).view(-1),
+            s.draft_tables, s.length, first, True, **first_in)
         pieces["propose"] = stages["propose"]
     out = {}
     for name, fn in pieces.items():
