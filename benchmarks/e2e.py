@@ -79,6 +79,8 @@ def parse_args(argv=None):
                    help="auto-compile even on CPU (transformers compiles only on accelerators by default)")
     p.add_argument("--no-assisted", action="store_true")
     p.add_argument("--no-spec", action="store_true", help="skip hf_specdec and runner_plain")
+    p.add_argument("--compile-wait", action="store_true", help="hf_specdec rows with SpecConfig(compile=True): their "
+                   "first (warm-up) call waits for the compiled code, so the timed calls run it (steady state)")
     p.add_argument("--stage-repeats", type=int, default=50, help="replays per piece in time_stages (CUDA only)")
     p.add_argument("--deadline-s", type=float, default=520.0,
                    help="rows not started this many seconds after the start are skipped (0 = no deadline)")

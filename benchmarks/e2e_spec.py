@@ -78,12 +78,12 @@ def run_spec(bench):
     import hf_specdec
 
     hf_specdec.enable(bench.target)
+    compile = True if bench.args.compile_wait else None
     for b, mode, batches in bench.configs():
         for k in bench.ks:
-            run_spec_row(bench, "hf_specdec", f"fast k={k}", b, mode, batches,
-                         hf_specdec.SpecConfig(num_speculative_tokens=k), bench.draft)
+            spec = hf_specdec.SpecConfig(num_speculative_tokens=k, compile=compile)
+            run_spec_row(bench, "hf_specdec", f"fast k={k}", b, mode, batches, spec, bench.draft)
             if getattr(bench, "head", None) is not None:
-                run_spec_row(bench, "hf_specdec", f"head k={k}", b, mode, batches,
-                             hf_specdec.SpecConfig(num_speculative_tokens=k), bench.head)
-        run_spec_row(bench, "runner_plain", "k=0", b, mode, batches, hf_specdec.SpecConfig(num_speculative_tokens=0),
-                     None)
+                run_spec_row(bench, "hf_specdec", f"head k={k}", b, mode, batches, spec, bench.head)
+        run_spec_row(bench, "runner_plain", "k=0", b, mode, batches,
+                     hf_specdec.SpecConfig(num_speculative_tokens=0, compile=compile), None)

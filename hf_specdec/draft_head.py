@@ -17,7 +17,8 @@ decoder layer and a ``2H x H`` projection: a few percent of the target's step, a
 whole stack. Where the output layer is most of that (a 128k or 262k vocabulary), ``kept_ids`` gives the head an
 output layer of its own over those tokens only (``reduced_vocab.ReducedVocabHead``, as EAGLE-3's draft
 vocabulary): it never proposes another token, and the output stays exact. The round that runs it is ``round/proposers.HeadProposer``; the target's features come out of its
-verify forward (``cache.paged_forward(..., hidden=True)``), no extra forward.
+verify forward (``cache.paged_forward(..., hidden=True)``), no extra forward. The runner compiles it as it does a
+draft model (its layer, fc and norm; the target's modules it reads run as they are).
 
 Files: ``config.json`` (a ``LlamaConfig`` of the head's layer), ``model.safetensors`` (fc, layers, norm, and
 probe rows of the target's embedding and output layer), ``draft_head.json`` (format, the target's class and
@@ -57,7 +58,6 @@ class DraftHead(LlamaPreTrainedModel):
     """One (or a few) decoder layers over (token embedding, target feature) pairs; see the module docstring."""
 
     reads_target_hidden = True  # the runner feeds it the target's features (runner/paged_model.py)
-    compiles = False  # one layer: CUDA graphs capture it as it is; the runner compiles only the target
 
     def __init__(self, config: LlamaConfig):
         super().__init__(config)
@@ -67,8 +67,8 @@ class DraftHead(LlamaPreTrainedModel):
         self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config)
         kept = getattr(config, "hf_specdec_kept", None)  # an output layer of its own over that many tokens
-        self.lm_head = None if not kept else ReducedVocabHead(torch.zeros(kept, hidden), torch.arange(kept),
-                                                              config.vocab_size)
+        self.lm_head = None if not kept else ReducedVocabHead(torch.zeros(kept, hidden),
+                                                              torch.arange(kept, device="cpu"), config.vocab_size)
         self._target: tuple = ()  # (input embedding, output layer, final soft-cap) of the target: ``bind``
         self.post_init()
 
@@ -109,6 +109,16 @@ class DraftHead(LlamaPreTrainedModel):
         if self.lm_head is not None:
             self.lm_head.softcap = softcap
         return self
+
+    def prepare_skeleton(self) -> None:
+        """For ``runner/compile_worker.py``'s skeleton (no target, uninitialised memory): stand-ins of the target's
+        embedding and output layer, and valid kept ids. Compiled code depends on their shapes, not their values."""
+        weight, vocab = self.fc.weight, self.config.vocab_size
+        stand_in = dict(device=weight.device, dtype=weight.dtype)
+        self._target = (nn.Embedding(vocab, self.config.hidden_size, **stand_in),
+                        nn.Linear(self.config.hidden_size, vocab, bias=False, **stand_in), None)
+        if self.lm_head is not None:
+            self.lm_head.token_ids.copy_(torch.arange(self.lm_head.num_kept, device=weight.device))
 
     def bound_to(self, target: PreTrainedModel) -> bool:
         """It reads through ``target``'s own embedding."""

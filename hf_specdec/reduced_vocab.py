@@ -36,7 +36,7 @@ def fill_value(dtype: torch.dtype) -> float:
 
 def check_token_ids(token_ids: Union[torch.Tensor, Sequence[int]], vocab_size: int) -> torch.Tensor:
     """Kept ids as a sorted int64 tensor; raises on duplicates, ids outside the vocabulary or an empty set."""
-    ids = torch.as_tensor(token_ids, dtype=torch.long).flatten().cpu()
+    ids = torch.as_tensor(token_ids, dtype=torch.long, device="cpu").flatten()  # not a device context's (meta)
     if ids.numel() == 0:
         raise ValueError("a reduced vocabulary needs at least one kept token id; got none.")
     bad = ids[(ids < 0) | (ids >= vocab_size)]

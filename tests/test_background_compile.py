@@ -177,3 +177,79 @@ def test_the_runners_rounds_reuse_what_the_thread_compiled(monkeypatch, tmp_path
                                    (1, hf_specdec.SpecConfig(num_speculative_tokens=0), False)):
         assert call(batch, spec, do_sample) == "bucketed", "the call did not run the compiled models"
         assert recorder.graphs == made, f"b={batch} {spec.num_speculative_tokens=} compiled again: a layout missed"
+
+
+@pytest.mark.parametrize("kept", [None, 40])
+@torch.no_grad()
+def test_a_draft_heads_rounds_reuse_what_the_thread_compiled(monkeypatch, tmp_path, kept):
+    """A draft head compiles like a draft model (its layer, fc, norm, its own reduced output layer): its rounds
+    (features in, a first step of k+1 tokens, one that keeps no logits at k = 0) and the target's verify that hands
+    out its hidden states compile nothing after the thread's exercise; the output stays the target's."""
+    import hf_specdec
+    import hf_specdec.generate as generate_module
+    from hf_specdec.runner import background_compile, runner_for
+
+    recorder = Recorder()
+
+    class Recorded(BackgroundCompile):
+        def __init__(self, model, vocab_size, block_size, **kwargs):
+            super().__init__(model, vocab_size, block_size, backend=recorder, disk=CompileCache(tmp_path),
+                             prewarm=False, table_width=kwargs.get("table_width", 16))
+
+        def start(self):  # in the caller's thread (Triton's interpreter is not thread-safe)
+            self.wait()
+            return self
+
+    choose = generate_module.choose_path
+
+    def compiled_on_cpu(*args, **kwargs):
+        path = choose(*args, **kwargs)
+        path.compile = True
+        return path
+
+    monkeypatch.setattr(background_compile, "BackgroundCompile", Recorded)
+    monkeypatch.setattr(generate_module, "choose_path", compiled_on_cpu)
+    target = hf_specdec.enable(build_model("llama_gqa", num_hidden_layers=2))
+    head = hf_specdec.DraftHead.for_target(target, kept_ids=None if kept is None else torch.arange(kept))
+
+    def call(batch, k, adaptive=False, do_sample=False):
+        ids = torch.randint(3, 90, (batch, 11), generator=torch.Generator().manual_seed(batch))
+        kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, eos_token_id=None,
+                  pad_token_id=0, do_sample=do_sample)
+        spec = hf_specdec.SpecConfig(num_speculative_tokens=k, adaptive=adaptive)
+        out = target.generate(**kw, assistant_model=head, spec_config=spec, return_dict_in_generate=True)
+        if not do_sample:
+            assert torch.equal(out.sequences, target.generate(**kw)), (batch, k)
+        assert runner_for(target, head).models["draft"].call is not None, "the head ran uncompiled"
+        return out.spec_metrics
+
+    call(1, 4)
+    assert runner_for(target, head).wait_compiled()
+    made = recorder.graphs
+    for batch, k, adaptive, do_sample in ((1, 4, False, False), (3, 3, False, False), (2, 2, False, True),
+                                          (1, 1, False, False)):
+        assert call(batch, k, adaptive, do_sample).fast_path == "bucketed"
+        assert recorder.graphs == made, f"b={batch} k={k} compiled again: a layout missed"
+    from hf_specdec.round.policy.speculation_length import SpeculationLength
+    monkeypatch.setattr(SpeculationLength, "_choose",  # 0, 3, 0, 3, ...: the head's first step without logits
+                        lambda self, bucket, rows, remaining: 3 if sum(self.histogram.values()) % 2 else 0)
+    for batch in (1, 3):
+        assert call(batch, 3, adaptive=True).k_histogram.get(0, 0) >= 2
+        assert recorder.graphs == made, f"b={batch}: rounds of k = 0 compiled again"
+
+
+def test_the_workers_skeleton_of_a_draft_head_runs_without_its_target():
+    """The worker rebuilds a head from its class and config alone: stand-ins for the target's embedding and output
+    layer, valid kept ids (to_empty leaves them garbage), and its forward runs."""
+    import hf_specdec
+    from hf_specdec.runner.compile_worker import _tensors, skeleton
+
+    target = build_model("llama_gqa", num_hidden_layers=2)
+    head = hf_specdec.DraftHead.for_target(target, kept_ids=torch.arange(5, 45))
+    spec = {"module": type(head).__module__, "class": type(head).__name__, "config": head.config.to_dict(),
+            "device": "cpu", "dtypes": {n: str(t.dtype).removeprefix("torch.") for n, t in _tensors(head)}}
+    small = skeleton(spec)
+    assert torch.equal(small.lm_head.token_ids, torch.arange(40))
+    assert {n: t.shape for n, t in _tensors(small)} == {n: t.shape for n, t in _tensors(head)}
+    out = small(torch.zeros(1, 3, dtype=torch.long), torch.arange(3)[None], torch.zeros(1, 3, head.config.hidden_size))
+    assert out.logits.shape == (1, 3, target.config.vocab_size)

@@ -46,6 +46,7 @@ from .paged_model import PagedModel
 # first size is the row count (1 specialises), so each layout is exercised at 1 row and at several.
 SHAPES = ((1, 1, True, "rows"), (2, 1, True, "rows"), (1, 1, False, "table"), (2, 1, False, "table"),
           (1, 2, True, "table"), (2, 2, True, "table"), (1, 3, False, "table"), (3, 2, False, "table"))
+HEAD_SHAPES = ((1, 2, True, "no logits"), (2, 2, True, "no logits"))  # a draft head's first step at k = 0
 _SWITCH_INTERVAL = 0.0005  # seconds: while this thread traces, the caller's rounds wait for the GIL at most this
 _SCRATCH_BLOCKS = 4  # blocks of its own per scratch row (its table is as wide as the runner's, the rest block 0)
 
@@ -150,7 +151,9 @@ class BackgroundCompile:
             tables = torch.zeros(rows, max(self.table_width, _SCRATCH_BLOCKS), device=device, dtype=torch.int32)
             tables[:, :_SCRATCH_BLOCKS] = torch.arange(_SCRATCH_BLOCKS * rows, device=device).view(rows, -1)
             scratch = PagedModel(self.model, cache, self.vocab_size, compiled)
-            for b, q, last_only, layout in SHAPES:
+            head = scratch.reads_hidden  # a draft head: features in, and a first step at k = 0 keeps no logits
+            hidden = self.model.config.hidden_size if head else 0
+            for b, q, last_only, layout in SHAPES + (HEAD_SHAPES if head else ()):
                 if layout == "rows":
                     ids = torch.full((b,), 3, dtype=torch.long, device=device)
                     positions = torch.zeros(b, dtype=torch.long, device=device)
@@ -158,6 +161,12 @@ class BackgroundCompile:
                     ids = torch.full((b, q), 3, dtype=torch.long, device=device).view(-1)
                     positions = torch.arange(q, device=device).repeat(b, 1).view(-1)
                 lens = torch.full((b,), q, dtype=torch.long, device=device)
-                scratch.forward(ids, positions, tables[:b], lens, q, last_only)
+                extra = {}
+                if head:
+                    dtype = self.model.fc.weight.dtype
+                    extra["features"] = torch.zeros(b * q, hidden, device=device, dtype=dtype)
+                    if layout == "no logits":
+                        extra["rows"] = torch.zeros(0, dtype=torch.long, device=device)
+                scratch.forward(ids, positions, tables[:b], lens, q, last_only, **extra)
         if stream is not None:
             stream.synchronize()
