@@ -100,7 +100,16 @@ class DraftHead(LlamaPreTrainedModel):
             ids = check_token_ids(kept_ids, tc.vocab_size)
             head.lm_head = ReducedVocabHead(weight.detach()[ids.to(weight.device)], ids, tc.vocab_size)
             config.hf_specdec_kept = ids.numel()
-        return head.bind(target)
+        return head.rope_in_fp32().bind(target)
+
+    def rope_in_fp32(self) -> "DraftHead":
+        """Rotary frequencies in fp32 after a cast to the target's dtype (``.to`` casts buffers too): in bf16 the
+        angles drift by about a radian at position 1000 from the fp32 ones the head was trained with."""
+        fresh = LlamaRotaryEmbedding(self.config)
+        for name in ("inv_freq", "original_inv_freq"):
+            if hasattr(self.rotary_emb, name):
+                setattr(self.rotary_emb, name, getattr(fresh, name).to(self.fc.weight.device))
+        return self
 
     def bind(self, target: PreTrainedModel) -> "DraftHead":
         """Read through ``target``'s own embedding and output layer from now on (not copied, not registered)."""
@@ -170,6 +179,27 @@ def check_target(target: PreTrainedModel) -> None:
     if target.get_output_embeddings() is None or not hasattr(target, "get_decoder"):
         raise ValueError(f"{type(target).__name__} has no output layer over a decoder (get_output_embeddings / "
                          "get_decoder): a draft head cannot read its hidden states.")
+    diff = _logits_differ(target)
+    if diff:
+        raise ValueError(f"{type(target).__name__}'s forward computes its logits otherwise than its output layer over "
+                         f"its decoder's last hidden state (max |difference| {diff:.3g} on a few tokens), which is "
+                         "what the verify that feeds a draft head computes. Use a draft model for this target.")
+
+
+@torch.no_grad()
+def _logits_differ(target: PreTrainedModel) -> float:
+    """0.0 when the model's own logits on a few tokens are its output layer over its decoder's last hidden state
+    (soft-capped as its config says), else the largest difference (a multiplier or a cast the rebuild lacks)."""
+    weight = target.get_output_embeddings().weight
+    vocab = target.config.get_text_config().vocab_size
+    ids = torch.arange(1, 6, device=weight.device)[None] % vocab
+    own = target(input_ids=ids, use_cache=False).logits.float()
+    rebuilt = target.get_output_embeddings()(target.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state)
+    softcap = getattr(target.config.get_text_config(), "final_logit_softcapping", None)
+    if softcap is not None:
+        rebuilt = torch.tanh(rebuilt / softcap) * softcap
+    diff = float((own - rebuilt.float()).abs().max())
+    return 0.0 if diff <= 1e-3 * max(float(own.abs().max()), 1.0) else diff
 
 
 def target_fingerprint(target: PreTrainedModel) -> dict:
@@ -225,4 +255,4 @@ def load_draft_head(path: Union[str, Path], target: PreTrainedModel) -> DraftHea
     if missing or unexpected:
         raise ValueError(f"{path / WEIGHTS_FILE} does not fit the head its config describes: missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]}.")
-    return head.to(device=weight.device, dtype=weight.dtype).eval().bind(target)
+    return head.to(device=weight.device, dtype=weight.dtype).eval().rope_in_fp32().bind(target)

@@ -149,3 +149,70 @@ def test_reduced_vocab_head_is_exact_proposes_kept_tokens_and_round_trips(target
         assert torch.equal(loaded(ids, torch.arange(7).expand(2, -1), features).logits, logits)
     with pytest.raises(ValueError, match="kept token ids must lie in"):
         hf_specdec.DraftHead.for_target(target, kept_ids=[1, VOCAB])
+
+
+# -- host stopping criteria, the compile worker's skeleton, RoPE precision, logits a head cannot rebuild ---------
+
+def test_a_row_cut_by_a_host_criterion_leaves_the_head_a_valid_first_read():
+    """A stopping criterion cuts row 0 inside a fully accepted run of 7 (1-token prompts): the row stays in the
+    bucket, done, and the head's next first read starts at length - keep - 1, which must not go negative
+    (before the fix: an index error in the next round)."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    from test_draft_head import perfect_pair
+
+    class StopRowZero(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return (input_ids[:, 0] == 7) & (input_ids.shape[1] >= 3)
+
+    target, head = perfect_pair(seed=5)
+    ids = torch.tensor([[7], [9], [11], [13]])
+    kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=13, pad_token_id=0,
+              eos_token_id=1, stopping_criteria=StoppingCriteriaList([StopRowZero()]))
+    expected = target.generate(**kw)
+    assert torch.equal(target.generate(**kw, assistant_model=head, spec_config=spec(6)), expected)
+
+
+@pytest.mark.parametrize("kept", [None, 40])
+def test_the_workers_skeleton_of_a_bf16_head_runs(kept):
+    """The compile worker rebuilds a head from its class, config and dtypes; the stand-ins for the target's modules
+    come in the head's own dtype (bf16 here), and its forward runs."""
+    from hf_specdec.runner.compile_worker import _tensors, skeleton
+
+    target = make_model("llama", seed=3).to(torch.bfloat16)
+    head = hf_specdec.DraftHead.for_target(target, kept_ids=None if kept is None else torch.arange(5, 5 + kept))
+    spec_ = {"module": type(head).__module__, "class": type(head).__name__, "config": head.config.to_dict(),
+             "device": "cpu", "dtypes": {n: str(t.dtype).removeprefix("torch.") for n, t in _tensors(head)}}
+    small = skeleton(spec_)
+    assert {n: (t.shape, t.dtype) for n, t in _tensors(small)} == {n: (t.shape, t.dtype) for n, t in _tensors(head)}
+    hidden = head.config.hidden_size
+    out = small(torch.zeros(1, 3, dtype=torch.long), torch.arange(3)[None], torch.zeros(1, 3, hidden, dtype=torch.bfloat16))
+    assert out.logits.shape == (1, 3, VOCAB)
+    if kept:
+        assert torch.equal(small.lm_head.token_ids, torch.arange(kept))
+
+
+def test_a_bf16_heads_rotary_frequencies_stay_fp32(targets, tmp_path):
+    target = make_model("llama", seed=3).to(torch.bfloat16)
+    head = hf_specdec.DraftHead.for_target(target)
+    hf_specdec.save_draft_head(head, tmp_path / "h")
+    for h in (head, hf_specdec.load_draft_head(tmp_path / "h", target=target)):
+        assert h.fc.weight.dtype == torch.bfloat16 and h.rotary_emb.inv_freq.dtype == torch.float32
+
+
+def test_a_target_whose_forward_changes_its_logits_gets_no_head():
+    """The verify that feeds a head rebuilds the logits as the output layer over the decoder's last hidden state;
+    a class that does more (here: a multiplier its config does not name) is refused, not silently inexact."""
+    from transformers import LlamaForCausalLM
+
+    class Scaled(LlamaForCausalLM):
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = out.logits * 1.5
+            return out
+
+    base = make_model("llama", seed=3)
+    model = Scaled(base.config).eval()
+    model.load_state_dict(base.state_dict())
+    with pytest.raises(ValueError, match="computes its logits otherwise"):
+        hf_specdec.DraftHead.for_target(model)

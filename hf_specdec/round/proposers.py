@@ -38,6 +38,20 @@ class Proposer(Protocol):
     # catch_up(s, model: PagedModel, width: int, compiled: bool): the model reads ``width`` missed tokens
 
 
+def draft_token(s: BucketState, spec, logits: torch.Tensor, rows: torch.Tensor, end: torch.Tensor,
+                j: int) -> torch.Tensor:
+    """Draft ``j`` of every row from a model's logits ``(B, V)``: the call's processors (at history column
+    ``end + j``), then argmax or a sample; written to ``s.hist``, ``s.drafts`` and (sampling) ``s.draft_probs``."""
+    scores = spec.logits(logits, s.hist, rows, end + j, batch_rows=s.batch_row,
+                         live=~s.done if spec.logits.reads_live else None)
+    tokens, probs = choose_tokens(scores, spec.do_sample, spec.generator)
+    s.hist.scatter_(1, (end + j)[:, None], tokens[:, None])
+    s.drafts[:, j] = tokens
+    if probs is not None:
+        s.draft_probs[:, j] = probs
+    return tokens
+
+
 class DraftModelProposer:
     """k autoregressive steps of a small model on its own paged cache. Step 1 feeds 2 tokens per row
     (positions length-2, length-1: the last draft plus the bonus token after a fully accepted round,
@@ -57,13 +71,7 @@ class DraftModelProposer:
         s.counts.fill_(k)
         for j in range(k):
             logits = draft.forward(input_ids, positions, s.draft_tables, s.length + j, 2 if j == 0 else 1, True)
-            scores = spec.logits(logits, s.hist, rows, end + j, batch_rows=s.batch_row,
-                                 live=~s.done if spec.logits.reads_live else None)
-            tokens, probs = choose_tokens(scores, spec.do_sample, spec.generator)
-            s.hist.scatter_(1, (end + j)[:, None], tokens[:, None])
-            s.drafts[:, j] = tokens
-            if probs is not None:
-                s.draft_probs[:, j] = probs
+            tokens = draft_token(s, spec, logits, rows, end, j)
             input_ids, positions = tokens, s.length + j
 
     @staticmethod
@@ -112,13 +120,7 @@ class HeadProposer:
         end = s.pads + s.length  # history column of the first draft
         s.counts.fill_(k)
         for j in range(k):
-            scores = spec.logits(logits, s.hist, rows, end + j, batch_rows=s.batch_row,
-                                 live=~s.done if spec.logits.reads_live else None)
-            tokens, probs = choose_tokens(scores, spec.do_sample, spec.generator)
-            s.hist.scatter_(1, (end + j)[:, None], tokens[:, None])
-            s.drafts[:, j] = tokens
-            if probs is not None:
-                s.draft_probs[:, j] = probs
+            tokens = draft_token(s, spec, logits, rows, end, j)
             if j + 1 < k:
                 logits, g = head.forward(tokens, s.length - 1 + j, s.draft_tables, s.length + j, 1, True, features=g)
 

@@ -64,15 +64,15 @@ def skeleton(spec: dict) -> PreTrainedModel:
     with torch.device("meta"):
         model = cls(config)
     model = model.to_empty(device=spec["device"]).eval()
-    prepare = getattr(model, "prepare_skeleton", None)  # a model that reads another's modules (a draft head)
-    if prepare is not None:
-        prepare()
     model.tie_weights()  # to_empty gives tied tensors each their own memory
     dtypes = spec["dtypes"]
     for name, t in list(_tensors(model)):
         want = dtypes.get(name)
         if want is not None and str(t.dtype).removeprefix("torch.") != want:
             t.data = t.data.to(getattr(torch, want))
+    prepare = getattr(model, "prepare_skeleton", None)  # a model that reads another's modules (a draft head):
+    if prepare is not None:  # stand-ins in its own dtypes, now set
+        prepare()
     return model
 
 

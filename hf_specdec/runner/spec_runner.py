@@ -310,9 +310,11 @@ class SpecRunner:
         """Host stopping criteria fired: bucket row i keeps only ``cuts[i]`` tokens of its last run, and stops."""
         s = self.state
         index = torch.tensor(list(cuts), device=s.hist.device)
-        drop = s.keep.index_select(0, index) - torch.tensor(list(cuts.values()), device=s.hist.device)
+        kept = torch.tensor(list(cuts.values()), device=s.hist.device)
+        drop = s.keep.index_select(0, index) - kept
         s.gen.index_add_(0, index, -drop)
         s.length.index_add_(0, index, -drop)
+        s.keep.index_copy_(0, index, kept)  # what a draft head re-reads next (length - keep - 1 >= 0)
         s.done.index_fill_(0, index, True)
 
     def shrink(self, live: torch.Tensor) -> None:
@@ -360,8 +362,6 @@ class SpecRunner:
         now, ``wait``; that time counts as warm-up)."""
         ready = True
         for name, model in models.items():
-            if not getattr(model, "compiles", True):  # a draft head: graphs capture it as it is
-                continue
             job = self.compiling.get(name)
             if job is None:
                 job = self.compiling[name] = compile_job(model, vocab, block_size, table_width)
