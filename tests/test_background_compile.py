@@ -124,15 +124,12 @@ def test_a_block_entered_while_another_threads_forward_runs_restores_the_users_i
     assert model.config._attn_implementation == "sdpa"
 
 
-@torch.no_grad()
-def test_the_runners_rounds_reuse_what_the_thread_compiled(monkeypatch, tmp_path):
-    """Real calls (draft steps, verifies of several k, batch buckets, greedy and sampled) after the compilation
-    finished compile nothing more: the thread's exercise met every way the rounds lay out a model's inputs. On an
-    H200 a missed layout made the call that switched to compiled code recompile 8 graphs (3.6 s). The output stays
-    the target's own."""
-    import hf_specdec
+def compiled_calls_on_cpu(monkeypatch, tmp_path) -> Recorder:
+    """generate() calls on CPU that run compiled models (the runner without graphs), each model compiled by the
+    background job in the caller's thread (Triton's interpreter, CI's kernels, is not thread-safe) with a recording
+    backend: the returned Recorder counts every graph compiled."""
     import hf_specdec.generate as generate_module
-    from hf_specdec.runner import background_compile, runner_for
+    from hf_specdec.runner import background_compile
 
     recorder = Recorder()
 
@@ -141,19 +138,32 @@ def test_the_runners_rounds_reuse_what_the_thread_compiled(monkeypatch, tmp_path
             super().__init__(model, vocab_size, block_size, backend=recorder, disk=CompileCache(tmp_path),
                              prewarm=False, table_width=kwargs.get("table_width", 16))
 
-        def start(self):  # in the caller's thread: Triton's interpreter (CI's kernels) is not thread-safe
+        def start(self):
             self.wait()
             return self
 
     choose = generate_module.choose_path
 
-    def compiled_on_cpu(*args, **kwargs):  # the runner without graphs, running the compiled models
+    def compiled_on_cpu(*args, **kwargs):
         path = choose(*args, **kwargs)
         path.compile = True
         return path
 
     monkeypatch.setattr(background_compile, "BackgroundCompile", Recorded)
     monkeypatch.setattr(generate_module, "choose_path", compiled_on_cpu)
+    return recorder
+
+
+@torch.no_grad()
+def test_the_runners_rounds_reuse_what_the_thread_compiled(monkeypatch, tmp_path):
+    """Real calls (draft steps, verifies of several k, batch buckets, greedy and sampled) after the compilation
+    finished compile nothing more: the thread's exercise met every way the rounds lay out a model's inputs. On an
+    H200 a missed layout made the call that switched to compiled code recompile 8 graphs (3.6 s). The output stays
+    the target's own."""
+    import hf_specdec
+    from hf_specdec.runner import runner_for
+
+    recorder = compiled_calls_on_cpu(monkeypatch, tmp_path)
     target = hf_specdec.enable(build_model("llama_gqa", num_hidden_layers=2))
     draft = build_model("llama_gqa", seed=1, num_hidden_layers=1)
 
@@ -186,29 +196,9 @@ def test_a_draft_heads_rounds_reuse_what_the_thread_compiled(monkeypatch, tmp_pa
     (features in, a first step of k+1 tokens, one that keeps no logits at k = 0) and the target's verify that hands
     out its hidden states compile nothing after the thread's exercise; the output stays the target's."""
     import hf_specdec
-    import hf_specdec.generate as generate_module
-    from hf_specdec.runner import background_compile, runner_for
+    from hf_specdec.runner import runner_for
 
-    recorder = Recorder()
-
-    class Recorded(BackgroundCompile):
-        def __init__(self, model, vocab_size, block_size, **kwargs):
-            super().__init__(model, vocab_size, block_size, backend=recorder, disk=CompileCache(tmp_path),
-                             prewarm=False, table_width=kwargs.get("table_width", 16))
-
-        def start(self):  # in the caller's thread (Triton's interpreter is not thread-safe)
-            self.wait()
-            return self
-
-    choose = generate_module.choose_path
-
-    def compiled_on_cpu(*args, **kwargs):
-        path = choose(*args, **kwargs)
-        path.compile = True
-        return path
-
-    monkeypatch.setattr(background_compile, "BackgroundCompile", Recorded)
-    monkeypatch.setattr(generate_module, "choose_path", compiled_on_cpu)
+    recorder = compiled_calls_on_cpu(monkeypatch, tmp_path)
     target = hf_specdec.enable(build_model("llama_gqa", num_hidden_layers=2))
     head = hf_specdec.DraftHead.for_target(target, kept_ids=None if kept is None else torch.arange(kept))
 

@@ -17,13 +17,6 @@ def targets():
 
 # -- sampled output follows the target's law --------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def small_target():
-    target = hf_specdec.enable(make_model("llama", seed=11, vocab=V, sharpen=2.0))
-    target.config.eos_token_id = target.generation_config.eos_token_id = None
-    target.generation_config.pad_token_id = 0
-    return target
-
 
 def sample_with_head(target, prompt):
     spec = hf_specdec.SpecConfig(num_speculative_tokens=2, adaptive=False, generator=torch.Generator().manual_seed(0))

@@ -120,14 +120,6 @@ def test_ngram_refuses_a_draft_model(targets):
                         spec_config=hf_specdec.SpecConfig(method="ngram"))
 
 
-@pytest.fixture(scope="module")
-def small_target():
-    target = hf_specdec.enable(make_model("llama", seed=11, vocab=V, sharpen=2.0))
-    target.config.eos_token_id = target.generation_config.eos_token_id = None
-    target.generation_config.pad_token_id = 0
-    return target
-
-
 def ngram_joint_23(target, prompt, n=6000):
     spec = hf_specdec.SpecConfig(num_speculative_tokens=2, method="ngram", prompt_lookup_max=2,
                                  generator=torch.Generator().manual_seed(0))
