@@ -15,6 +15,7 @@ Methods (--methods, in the order run; rows not started within --deadline-s are l
   runner_plain_graphs  SpecConfig(num_speculative_tokens=0, compile=False): CUDA graphs, no compile (CUDA only)
   spec_default         SpecConfig() with the draft
   spec_k4              SpecConfig(num_speculative_tokens=4, adaptive=False) with the draft
+  spec_head            SpecConfig() with a draft head (pair: DIR/head, evals/train_draft_head.py; else random)
 
 Shapes (--shapes):
   8b    8B-shaped Llama target, 1B-shaped draft (benchmarks/tp_cost.py), random weights, bf16, built on the GPU;
@@ -33,12 +34,10 @@ Shapes (--shapes):
     python benchmarks/cold_start.py --shapes tiny --batch-sizes 1,3 --out /tmp/cold_tiny.json   # CPU smoke
     python benchmarks/cold_start.py --report a.json b.json     # the table of runs made in parts
 
-Rows run batch sizes outer, methods inner, each cold process followed by its warm one. Every process
-imports torch and builds its models again (8b: 8B + 1B on the GPU), so all 20 processes of the default 8b run
-may not fit one 10-minute command: what --deadline-s cuts is listed as skipped; run the rest with --methods /
---batch-sizes and merge the files with --report. Each call's generated tokens are hashed (kept whole for tiny or
---record-tokens); same_tokens_as_hf_compiled compares them with hf_compiled's (bf16 may differ at a near-tie).
-The JSON holds every row (with its processes' calls, spec_metrics.warmup_seconds and fast_path, the
+Rows run batch sizes outer, methods inner, each cold process followed by its warm one; every process builds its
+models again, so what --deadline-s cuts is listed as skipped (run the rest with --methods / --batch-sizes, merge
+with --report). Generated tokens are hashed (whole for tiny or --record-tokens); same_tokens_as_hf_compiled
+compares them with hf_compiled's. The JSON holds every row (calls, spec_metrics.warmup_seconds, fast_path, the
 environment); the markdown table (benchmarks/cold_start_report.py) is printed last.
 """
 from __future__ import annotations
@@ -58,11 +57,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)  # the checkout's hf_specdec and benchmarks.*, in the driver and in every child
 from benchmarks.cold_start_report import mark_agreement, progress, summarize, table, write_json  # noqa: E402
 
-METHODS = ("hf_compiled", "runner_plain", "runner_plain_graphs", "spec_default", "spec_k4")
+METHODS = ("hf_compiled", "runner_plain", "runner_plain_graphs", "spec_default", "spec_k4", "spec_head")
 SPEC_CONFIGS = {"runner_plain": dict(num_speculative_tokens=0),
                 "runner_plain_graphs": dict(num_speculative_tokens=0, compile=False),
                 "spec_default": {},
-                "spec_k4": dict(num_speculative_tokens=4, adaptive=False)}
+                "spec_k4": dict(num_speculative_tokens=4, adaptive=False), "spec_head": {}}
 CACHE_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "HF_SPECDEC_CACHE", "CUDA_CACHE_PATH")
 DEFAULTS = {"8b": dict(prompt_len=256, max_new_tokens=128), "tiny": dict(prompt_len=12, max_new_tokens=16),
             "pair": dict(prompt_len=None, max_new_tokens=256)}
@@ -199,13 +198,21 @@ def until_compiled(spec, res, first, last, call):
 
 
 def load_models(spec, device):
-    """(tokenizer or None, enabled target, draft or None, dtype); the draft only for the methods that use it."""
+    """(tokenizer or None, enabled target, draft or None, dtype): spec_head's draft is a draft head."""
+    tok, target, draft, dtype = _load_models(spec, device, wants_draft=spec["method"] in ("spec_default", "spec_k4"))
+    if spec["method"] == "spec_head":
+        import hf_specdec
+        draft = (hf_specdec.load_draft_head(os.path.join(spec["pair"], "head"), target=target)
+                 if spec["shapes"] == "pair" else hf_specdec.DraftHead.for_target(target))
+    return tok, target, draft, dtype
+
+
+def _load_models(spec, device, wants_draft):
     import copy
 
     import torch
 
     import hf_specdec
-    wants_draft = spec["method"].startswith("spec")
     if spec["shapes"] == "pair":
         from benchmarks.common import load_draft
         from transformers import AutoModelForCausalLM, AutoTokenizer
