@@ -120,7 +120,7 @@ class SpecRunner:
             cache.reserve([0], [scratch_tokens])
             cache.add_sequences(batch.size)  # blocks as each row starts: row_blocks.reserve_rows
         self.models = {name: PagedModel(model, self.caches[name], vocab,
-                                        self.compiling[name].compiled if compiled and name in self.compiling else None)
+                                        self.compiling[name].compiled if compiled else None)
                        for name, model in models.items()}
         self.fixed_prefill = fixed_prefill and all(_same_device(pm.cache.device, batch.device)
                                                    for pm in self.models.values())
