@@ -367,13 +367,15 @@ def main(argv=None):
     train = train_head(head, target, train_windows, args, device, autocast, deadline_total - args.reserve_s, log)
     log(f"trained {train['steps']} steps, {train['tokens_seen'] / 1e6:.2f}M tokens in {train['train_s']:.1f}s; "
         f"last {train['last']}")
+    # measured as it is saved and loaded: bf16 on a GPU (its RoPE frequencies in fp32, as load_draft_head keeps them)
+    head = head.to(torch.bfloat16 if device.type == "cuda" else torch.float32).rope_in_fp32().eval()
     t = time.perf_counter()
     trained = evaluate(head, target, eval_windows, prompt_windows, args, device, autocast)
     timings["eval_trained_s"] = time.perf_counter() - t
     log(f"trained head: {trained}")
 
     t = time.perf_counter()
-    save_draft_head(head.to(torch.bfloat16 if device.type == "cuda" else torch.float32), args.out)
+    save_draft_head(head, args.out)
     timings["save_s"] = time.perf_counter() - t
     timings["train_s"] = train.pop("train_s")
     timings["total_s"] = time.perf_counter() - t_start

@@ -51,12 +51,18 @@ class RoundSpec:
         """The runner's name of the model the proposer drafts with (None: it needs none, or k = 0)."""
         return PROPOSERS[self.method].model if self.k else None
 
+    @property
+    def proposes_every_round(self) -> bool:
+        """The proposer reads what every round committed, rounds of k = 0 included (``every_round``): its model
+        never falls behind, so it needs no catch-up and no deferred prefill."""
+        return bool(self.k) and PROPOSERS[self.method].every_round
+
     def stages(self, s: BucketState, models: dict, k: int) -> list[tuple[str, Callable[[], None]]]:
         """A round of ``k <= self.k`` drafts: ``[(name, stage)]``, propose (k > 0, or a proposer that reads every
         round) then verify and commit."""
         verify = ("verify", partial(verify_and_commit, s, models["target"], self, k))
         proposer = PROPOSERS[self.method]
-        if not (k or (self.k and proposer.every_round)):
+        if not (k or self.proposes_every_round):
             return [verify]
         return [("propose", partial(proposer.propose, s, models, self, k)), verify]
 

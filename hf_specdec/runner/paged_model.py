@@ -50,6 +50,11 @@ class PagedModel:
         return align_vocab(out, self.vocab_size)
 
 
+def feature_layout(target: PreTrainedModel) -> tuple[int, torch.dtype]:
+    """The target's hidden size and dtype: the features a draft head reads (its last hidden states)."""
+    return target.config.get_text_config().hidden_size, target.get_output_embeddings().weight.dtype
+
+
 def align_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Cut or -inf-pad the last dim to ``vocab_size`` (draft and target vocabularies that differ by padding)."""
     V = logits.shape[-1]

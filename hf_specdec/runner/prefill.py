@@ -42,7 +42,7 @@ import torch
 from ..cache import PagedBatch, paged_forward
 from .bucket_state import bucket_for
 from .graphs import StageGraph
-from .paged_model import align_vocab
+from .paged_model import align_vocab, feature_layout
 
 PREFILL_MAX_TOKENS = 8192  # above this a prefill is compute-bound: eager and unpadded
 PREFILL_MAX_SHAPES = 128  # graphs kept per runner (model x shape); past it all are dropped and captured anew
@@ -141,8 +141,8 @@ class FixedPrefill:
                     logits = self.logits[(name, B, pm.vocab_size)] = torch.zeros(B, pm.vocab_size, device=device)
                 mp = self.models[(name, B, T, Q, width, pm.vocab_size)] = ModelPrefill(B, T, width, logits, device)
                 if name == "target" and head is not None:
-                    mp.hidden = torch.zeros(T, pm.model.config.get_text_config().hidden_size, device=device,
-                                            dtype=pm.model.get_output_embeddings().weight.dtype)
+                    hidden, dtype = feature_layout(pm.model)
+                    mp.hidden = torch.zeros(T, hidden, device=device, dtype=dtype)
             _fill_slots(mp, inputs, pm.cache, width, pm.reads_hidden)
             stage = _forward(pm, inputs, mp, Q, target_mp.hidden if pm.reads_hidden else None)
             if name == "target":

@@ -30,7 +30,7 @@ from ..cache import PagedKVCache, blocks_for, input_device
 from .background_compile import BackgroundCompile, compile_job
 from .bucket_state import BucketState, RowAtSync, bucket_for, eos_width
 from .graphs import StageGraph
-from .paged_model import PagedModel
+from .paged_model import PagedModel, feature_layout
 from .prefill import FixedPrefill, eager_prefill
 from .runner_slots import RunnerKey, RunnerSlots, capacity
 
@@ -83,10 +83,9 @@ class SpecRunner:
         models = {"target": self.target}
         if spec.draft_model is not None:
             models[spec.draft_model] = self.draft
-        # a draft head reads the target's features every round (at k = 0 too): it never falls behind
         self.head = spec.draft_model is not None and getattr(self.draft, "reads_target_hidden", False)
         if self.head:
-            hidden, dtype = self._features()
+            hidden, dtype = feature_layout(self.target)
             self.prompt_features = torch.zeros(batch.size, hidden, dtype=dtype, device=batch.device)
         table_width = max(capacity(blocks_for(longest, block_size), 8), self.key.table_width if self.key else 0)
         self.compile_asked = compile
@@ -132,7 +131,7 @@ class SpecRunner:
         """Start rows without the draft model's prefill: a call whose rounds stay at k = 0 (a draft the
         policy expects to be useless) then never runs the draft; the first round that drafts has it read
         every row from position 0 (``catch_up``, in windows that stay inside each row's budget)."""
-        self.draft_deferred = "draft" in self.models and not self.head and self._catch_up_graph_fits()
+        self.draft_deferred = "draft" in self.models and not self.spec.proposes_every_round and self._catch_up_graph_fits()
         return self.draft_deferred
 
     def prefill(self, rows: list[int]) -> torch.Tensor:
@@ -193,7 +192,7 @@ class SpecRunner:
         caught_up = bool(drafting and k and self.draft_behind)
         if caught_up:
             self.catch_up()
-        elif drafting and not k and not self.head:
+        elif drafting and not k and not self.spec.proposes_every_round:
             self.draft_behind += 1
         for stage, graph in self._stages(k):
             if graph is None:
@@ -235,7 +234,7 @@ class SpecRunner:
 
     def catch_up(self) -> None:
         """Feed the draft model the tokens of its rounds of k = 0, lazily: before a round that drafts (a call
-        whose rounds stay at k = 0 never pays for it) or a rebuild of the bucket. In windows of CATCH_UP
+        whose rounds stay at k = 0 never pays for it; a rebuild of the bucket carries the count over). In windows of CATCH_UP
         tokens per row, the same graph replayed (eagerly without graphs), where every row's budget holds a
         window; else in one eager forward."""
         behind, self.draft_behind, self.draft_deferred = self.draft_behind, 0, False
@@ -344,12 +343,8 @@ class SpecRunner:
             s = self.states[rows] = BucketState.allocate(
                 rows, key.width, key.table_width, key.k,
                 key.vocab if key.do_sample and self.spec.draft_model is not None else None, key.eos_width,
-                self.batch.device, self._features() if self.head else None)
+                self.batch.device, feature_layout(self.target) if self.head else None)
         return s
-
-    def _features(self) -> tuple[int, torch.dtype]:
-        """The target's hidden size and dtype: what a draft head reads."""
-        return self.target.config.get_text_config().hidden_size, self.target.get_output_embeddings().weight.dtype
 
 
     def _clear_padding(self, s: BucketState, live: int) -> None:
