@@ -2,7 +2,8 @@
 """Prefill on the runner: fixed shapes replayed as CUDA graphs (``runner/prefill.py``) against the runner's
 unpadded ragged prefill without graphs, interleaved call by call, on random models of the project pair's sizes.
 
-Each call generates one token (prefill and the first token only); ``spec_metrics.prefill_seconds`` is
+Each call generates one token (prefill and the first token only; two with ``--draft``: the draft model reads a
+prompt only for a row that runs on past its first token); ``spec_metrics.prefill_seconds`` is
 timed with the device synchronised. Prompts are random ids of HumanEval-like lengths (60..300 tokens),
 the same set for both rows; every shape is warmed up first (a new shape's capture is warm-up, not
 prefill). Prints the median prefill per call and the ratio, per batch size.
@@ -45,7 +46,8 @@ def call(target, draft, ids, mask, fixed: bool) -> tuple[float, torch.Tensor]:
     saved = prefill.PREFILL_MAX_TOKENS
     prefill.PREFILL_MAX_TOKENS = saved if fixed else 0  # 0: no prefill fits: the ragged one, no graphs
     try:
-        out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=1, do_sample=False,
+        out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=2 if draft else 1,
+                              do_sample=False,
                               assistant_model=draft, return_dict_in_generate=True, pad_token_id=0,
                               spec_config=hf_specdec.SpecConfig(num_speculative_tokens=4 if draft else 0,
                                                                 adaptive=False, sync_stage_timing=True))

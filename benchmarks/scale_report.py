@@ -184,8 +184,8 @@ def _projection_table(rows: list[dict]) -> list[str]:
 def _long_prompt_table(long: dict | None) -> list[str]:
     if not long:
         return []
-    lines = ["", "Time to first token at b = 1 (ms; ours: SpecConfig() with the draft, both models read the prompt; "
-                 "target only: k = 0)", "",
+    lines = ["", "Time to first token at b = 1 (ms, until a streamer gets it; ours: SpecConfig() with the draft, "
+                 "which reads the prompt after that token; target only: k = 0)", "",
              "| prompt tokens | ours | target only | HF generate | ours / HF | target only / HF |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {n} | {r['ours']:.1f} | {r['ours_target_only']:.1f} | {r['hf']:.1f} | {r['ours_over_hf']:.2f} | "

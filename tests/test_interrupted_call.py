@@ -13,6 +13,7 @@ from models import left_padded_prompts, make_draft, make_model
 
 STAGES = {  # (module, function) the fault is injected into, on its n-th call
     "prefill": (spec_runner, "FixedPrefill.run"),
+    "draft prefill": (spec_runner, "SpecRunner.prefill_draft"),  # after the rows' first tokens are committed
     "draft step": (proposers, "DraftModelProposer.propose"),
     "verify": (fixed_round, "verify_and_commit"),
 }
@@ -51,7 +52,7 @@ def test_the_runner_after_an_interrupted_call(stage, error):
     implementation = target.config._attn_implementation
     module, name = STAGES[stage]
     with pytest.MonkeyPatch.context() as patch:
-        calls = _inject(patch, module, name, error, after=1 if stage != "prefill" else 0)
+        calls = _inject(patch, module, name, error, after=0 if "prefill" in stage else 1)
         with pytest.raises(type(error)):
             _call(target, draft, spec, seed=0)
         assert calls["n"] > 0

@@ -103,3 +103,56 @@ def test_prompt_attention_ignores_garbage_in_padding_tokens(target):
     want, _ = sdpa_attention_forward(module, q[:, :, :n], k[:, :, :n], v[:, :, :n], None, scaling=D ** -0.5)
     assert torch.isfinite(out[:, :n]).all()
     torch.testing.assert_close(out[:, :n], want)
+
+
+class _OrderStreamer:
+    """Records, in one list with the draft's forwards, when each token reaches the streamer."""
+
+    def __init__(self, events):
+        self.events = events
+
+    def put(self, value):
+        self.events.append(("put", value.numel()))
+
+    def end(self):
+        self.events.append(("end", 0))
+
+
+def _draft_spy(monkeypatch, draft, events):
+    original = type(draft).forward
+
+    def spy(self, *args, **kwargs):
+        if self is draft:
+            events.append(("draft", 0))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(draft), "forward", spy)
+
+
+def test_first_token_reaches_the_streamer_before_the_draft_reads_the_prompt(monkeypatch, target):
+    """The draft model reads a prompt after the row's first token is out: a streamer's time to first token is the
+    target's prefill alone. Output unchanged."""
+    draft, events = make_draft(target, "mix"), []
+    ids = torch.tensor([[3, 9, 4, 17, 5, 8, 2, 11]])
+    expected = target.generate(input_ids=ids, do_sample=False, max_new_tokens=8, pad_token_id=0)
+    _draft_spy(monkeypatch, draft, events)
+    got = target.generate(input_ids=ids, do_sample=False, max_new_tokens=8, pad_token_id=0, assistant_model=draft,
+                          streamer=_OrderStreamer(events),
+                          spec_config=hf_specdec.SpecConfig(block_size=4, num_speculative_tokens=3, adaptive=False))
+    assert torch.equal(got, expected)
+    kinds = [e[0] for e in events]
+    assert kinds[:2] == ["put", "put"], events  # the prompt, then the first token
+    assert "draft" in kinds and kinds.index("draft") > 1, events
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_rows_done_at_their_first_token_cost_the_draft_nothing(monkeypatch, target, batch):
+    """max_new_tokens=1: every row ends with the target's prefill; the draft model never runs."""
+    draft, events = make_draft(target, "mix"), []
+    ids, mask = left_padded_prompts(batch, seed=batch)
+    expected = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=1, pad_token_id=0)
+    _draft_spy(monkeypatch, draft, events)
+    got = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=1, pad_token_id=0,
+                          assistant_model=draft, spec_config=hf_specdec.SpecConfig(block_size=4))
+    assert torch.equal(got, expected)
+    assert events == []

@@ -1,7 +1,7 @@
 """The call loop: a call's fixed-shape rounds on the runner, one host synchronisation each.
 
-    prefill    both models read the prompts of the rows the cache budget holds; the target's
-               first token is committed on the host (waves.py, committer.py)
+    prefill    the target reads the prompts of the rows the cache budget holds, their first
+               token is committed on the host (waves.py, committer.py), then the draft reads them
     rounds     policy.choose(): this round's k (round/policy/speculation_length.py);
                runner.round(k): propose + verify + accept + commit on the device (graph
                replays on GPU); runner.read(): the one sync, done flags, lengths, verdicts.

@@ -13,7 +13,7 @@ from typing import Iterator, Optional
 
 STEPS = {
     "setup": "request checks, path choice, cache sizing, runner.begin",
-    "prefill": "rows start: both models read their prompts; first tokens committed",
+    "prefill": "rows start: the target reads their prompts, first tokens committed, the draft reads them",
     "choose": "the speculation-length policy picks a round's k (and times buckets it has not priced)",
     "launch": "a round's graph replays are issued (without graphs: its code runs)",
     "wait": "the round's one host synchronisation (the device finishing it)",

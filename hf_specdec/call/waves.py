@@ -1,7 +1,8 @@
 """The rows of the fast path: waiting rows start as the cache budget frees blocks (``admission.py``).
 
-A row starts with a prefill of both models (fixed shapes: ``runner/prefill.py``) and its first token, chosen and
-committed as plain generate would (Hugging Face's processors and stopping criteria). A row that
+A row starts with the target's prefill (fixed shapes: ``runner/prefill.py``) and its first token, chosen and
+committed as plain generate would (Hugging Face's processors and stopping criteria); then, if it runs on, the
+draft model reads its prompt. A row that
 finishes frees its blocks at once; the waiting rows that then fit start at the same sync and the
 bucket is rebuilt with the survivors and them (``runner/row_blocks.py``).
 """
@@ -62,6 +63,8 @@ class FastRows:
             ends = torch.tensor([batch.end(b) for b in rows], device=batch.device)
             scores = spec.logits(raw, batch.tokens, index, ends, batch_rows=index)
             first, _ = choose_tokens(scores, spec.do_sample, spec.generator)
+            self.finish(self.committer.commit_first(batch, rows, first.tolist(), scores, raw))
+            live = [b for b in rows if not batch.finished[b]]
+            self.runner.prefill_draft(live)  # after the first tokens: a streamer has them before the draft reads
         self.timer.metrics.prefill_seconds -= self.runner.warmup_seconds - warm  # a new shape's capture: warm-up
-        self.finish(self.committer.commit_first(batch, rows, first.tolist(), scores, raw))
-        return [b for b in rows if not batch.finished[b]]
+        return live

@@ -131,16 +131,26 @@ class SpecRunner:
         """Start rows without the draft model's prefill: a call whose rounds stay at k = 0 (a draft the
         policy expects to be useless) then never runs the draft; the first round that drafts has it read
         every row from position 0 (``catch_up``, in windows that stay inside each row's budget)."""
-        self.draft_deferred = "draft" in self.models and not self.spec.proposes_every_round and self._catch_up_graph_fits()
+        drafts = "draft" in self.models and not self.spec.proposes_every_round
+        self.draft_deferred = drafts and self._catch_up_graph_fits()
         return self.draft_deferred
 
     def prefill(self, rows: list[int]) -> torch.Tensor:
-        """Both models read the prompts (the draft model not while its reading is deferred); the target's
-        last logits ``(B, V)``. In fixed shapes, graphed where graphs run (prefill.py; a shape's capture
-        counts as warm-up); else eagerly, one ragged forward each."""
+        """The target reads the prompts of ``rows``; its last logits ``(B, V)``. A draft head reads them with it
+        (it reads the target's features); a draft model later, in ``prefill_draft``. In fixed shapes, graphed
+        where graphs run (prefill.py; a shape's capture counts as warm-up); else eagerly, one ragged forward each."""
+        return self._prefill(rows, () if self.head else ("draft",))
+
+    def prefill_draft(self, rows: list[int]) -> None:
+        """The draft model reads the prompts of ``rows`` (not while its reading is deferred). Called once the rows'
+        first tokens are out, so that a streamer has them without waiting for the draft, and only for the rows
+        still running: a row done at its first token costs the draft nothing."""
+        if rows and "draft" in self.models and not self.head and not self.draft_deferred:
+            self._prefill(rows, ("target",))
+
+    def _prefill(self, rows: list[int], skip: tuple) -> Optional[torch.Tensor]:
         batch = self.batch
         lens = [batch.real_len(b) for b in rows]
-        skip = ("draft",) if self.draft_deferred else ()
         if self.fixed_prefill and FixedPrefill.fits(lens):
             out = self.prefills.run(self.models, batch, rows, lens, self.key.table_width, self.key.graphs, skip)
             self.warmup_seconds += self.prefills.capture_seconds
