@@ -151,7 +151,8 @@ class DraftHead(LlamaPreTrainedModel):
         own ``g``); ``logits_to_keep``: token indices whose logits to compute (None: all). ``kwargs`` go to the
         layers' attention (the runner's paged batch; without one, causal attention over each row: training)."""
         embed, lm_head, softcap = self._bound()
-        x = self.fc(torch.cat([embed(input_ids).to(features.dtype), features], dim=-1))
+        dtype = self.fc.weight.dtype  # its own, which may differ from its target's (a cast of either model)
+        x = self.fc(torch.cat([embed(input_ids).to(dtype), features.to(dtype)], dim=-1))
         position_embeddings = self.rotary_emb(x, position_ids)
         for layer in self.layers:
             x = layer(x, attention_mask=None, position_ids=position_ids, position_embeddings=position_embeddings,
@@ -160,7 +161,7 @@ class DraftHead(LlamaPreTrainedModel):
         kept = hidden if logits_to_keep is None else hidden[:, logits_to_keep]
         if self.lm_head is not None:  # its own, over the kept tokens (soft-capped there)
             return DraftHeadOutput(logits=self.lm_head(kept), hidden=hidden)
-        logits = lm_head(kept)
+        logits = lm_head(kept.to(lm_head.weight.dtype))
         if softcap is not None:
             logits = torch.tanh(logits / softcap) * softcap
         return DraftHeadOutput(logits=logits, hidden=hidden)

@@ -144,6 +144,23 @@ def test_reduced_vocab_head_is_exact_proposes_kept_tokens_and_round_trips(target
         hf_specdec.DraftHead.for_target(target, kept_ids=[1, VOCAB])
 
 
+def test_a_head_in_another_dtype_than_its_target():
+    """A head cast to bf16 on an fp32 target (greedy output still the target's own), and a target cast to bf16
+    after its head was built: the head computes in its own dtype, reads the target's modules in theirs."""
+    ids, mask = left_padded_prompts(3, seed=4)
+    target = hf_specdec.enable(make_model("llama", seed=0))
+    expected = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW)
+    head = hf_specdec.DraftHead.for_target(target).to(torch.bfloat16)
+    got = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW,
+                          assistant_model=head, spec_config=spec(3))
+    assert torch.equal(got, expected)
+    head = hf_specdec.DraftHead.for_target(target)
+    target.to(torch.bfloat16)
+    out = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW,
+                          assistant_model=head, spec_config=spec(3), return_dict_in_generate=True)
+    assert out.sequences.shape == (3, ids.shape[1] + MAX_NEW) and out.spec_metrics.num_draft_tokens > 0
+
+
 # -- host stopping criteria, the compile worker's skeleton, RoPE precision, logits a head cannot rebuild ---------
 
 def test_a_row_cut_by_a_host_criterion_leaves_the_head_a_valid_first_read():
