@@ -156,3 +156,23 @@ def test_rows_done_at_their_first_token_cost_the_draft_nothing(monkeypatch, targ
                           assistant_model=draft, spec_config=hf_specdec.SpecConfig(block_size=4))
     assert torch.equal(got, expected)
     assert events == []
+
+
+def test_the_draft_reads_the_prompts_in_the_targets_shapes(monkeypatch, target):
+    """The draft's later prefill reads each row's prompt alone (not the first token too): the target's lengths,
+    so its fixed shapes are the target's (no extra graphs on a GPU)."""
+    seen, original = [], prefill.FixedPrefill.run
+
+    def recording(self, models, batch, rows, lens, width, graphs, skip=()):
+        seen.append((skip, list(rows), list(lens)))
+        return original(self, models, batch, rows, lens, width, graphs, skip)
+
+    monkeypatch.setattr(prefill.FixedPrefill, "run", recording)
+    ids, mask = left_padded_prompts(3, seed=7)
+    expected = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=6, pad_token_id=0)
+    got = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=6, pad_token_id=0,
+                          assistant_model=make_draft(target, "full"),
+                          spec_config=hf_specdec.SpecConfig(block_size=4, num_speculative_tokens=3, adaptive=False))
+    assert torch.equal(got, expected)
+    assert [s for s, _, _ in seen] == [("draft",), ("target",)], seen
+    assert seen[0][1:] == seen[1][1:] == (list(range(3)), mask.sum(1).tolist())

@@ -63,8 +63,10 @@ class FastRows:
             ends = torch.tensor([batch.end(b) for b in rows], device=batch.device)
             scores = spec.logits(raw, batch.tokens, index, ends, batch_rows=index)
             first, _ = choose_tokens(scores, spec.do_sample, spec.generator)
-            self.finish(self.committer.commit_first(batch, rows, first.tolist(), scores, raw))
-            live = [b for b in rows if not batch.finished[b]]
+            first = first.tolist()
+        self.finish(self.committer.commit_first(batch, rows, first, scores, raw))
+        live = [b for b in rows if not batch.finished[b]]
+        with self.timer("prefill_seconds"):
             self.runner.prefill_draft(live)  # after the first tokens: a streamer has them before the draft reads
         self.timer.metrics.prefill_seconds -= self.runner.warmup_seconds - warm  # a new shape's capture: warm-up
         return live

@@ -8,10 +8,9 @@ whose key an earlier call used (``runner_slots.py`` keeps each key's graphs).
 
 Per call: ``begin`` sizes the caches; each row gets its whole budget (prompt +
 max_new_tokens + k + 1) in both caches when it starts (``row_blocks.py``), so a round never
-touches the allocator or a block table; ``prefill`` reads the prompts (in fixed shapes,
-graphed: ``prefill.py``); ``load`` moves the live rows into the smallest bucket holding them;
-then ``round`` / ``read`` until no row is live; ``store`` writes the rows back into the call's
-``SequenceBatch``.
+touches the allocator or a block table; ``prefill`` / ``prefill_draft`` read the prompts (in fixed
+shapes, graphed: ``prefill.py``); ``load`` moves the live rows into the smallest bucket holding them;
+then ``round`` / ``read`` until no row is live; ``store`` writes the rows back into the call's ``SequenceBatch``.
 
 What a round computes comes from the layer above, as ``spec`` (``round/fixed_round.RoundSpec``): its
 fields key the graphs, ``spec.stages(state, models, k)`` gives the stages to run or capture,
@@ -136,21 +135,22 @@ class SpecRunner:
         return self.draft_deferred
 
     def prefill(self, rows: list[int]) -> torch.Tensor:
-        """The target reads the prompts of ``rows``; its last logits ``(B, V)``. A draft head reads them with it
-        (it reads the target's features); a draft model later, in ``prefill_draft``. In fixed shapes, graphed
-        where graphs run (prefill.py; a shape's capture counts as warm-up); else eagerly, one ragged forward each."""
+        """The target (and a draft head, which reads its features) reads the prompts of ``rows``; its last logits
+        ``(B, V)``. In fixed shapes, graphed where graphs run (a capture counts as warm-up); else eagerly."""
         return self._prefill(rows, () if self.head else ("draft",))
 
     def prefill_draft(self, rows: list[int]) -> None:
-        """The draft model reads the prompts of ``rows`` (not while its reading is deferred). Called once the rows'
-        first tokens are out, so that a streamer has them without waiting for the draft, and only for the rows
-        still running: a row done at its first token costs the draft nothing."""
+        """The draft model reads the prompts of ``rows`` (not while deferred), once their first tokens are out: a
+        streamer has them without waiting for it, and a row done at its first token costs it nothing."""
         if rows and "draft" in self.models and not self.head and not self.draft_deferred:
-            self._prefill(rows, ("target",))
+            # the prompts alone, in the target's shapes; done before a round starts (the policy learns its time)
+            self._prefill(rows, ("target",), [self.batch.prompt_len(b) for b in rows])
+            if self.batch.device.type == "cuda":
+                torch.cuda.current_stream(self.batch.device).synchronize()
 
-    def _prefill(self, rows: list[int], skip: tuple) -> Optional[torch.Tensor]:
+    def _prefill(self, rows: list[int], skip: tuple, lens: Optional[list[int]] = None) -> Optional[torch.Tensor]:
         batch = self.batch
-        lens = [batch.real_len(b) for b in rows]
+        lens = lens or [batch.real_len(b) for b in rows]
         if self.fixed_prefill and FixedPrefill.fits(lens):
             out = self.prefills.run(self.models, batch, rows, lens, self.key.table_width, self.key.graphs, skip)
             self.warmup_seconds += self.prefills.capture_seconds
@@ -243,10 +243,10 @@ class SpecRunner:
         return times
 
     def catch_up(self) -> None:
-        """Feed the draft model the tokens of its rounds of k = 0, lazily: before a round that drafts (a call
-        whose rounds stay at k = 0 never pays for it; a rebuild of the bucket carries the count over). In windows of CATCH_UP
-        tokens per row, the same graph replayed (eagerly without graphs), where every row's budget holds a
-        window; else in one eager forward."""
+        """Feed the draft model the tokens of its rounds of k = 0, lazily: before a round that drafts (a call whose
+        rounds stay at k = 0 never pays for it; a rebuild of the bucket carries the count over). In windows of
+        CATCH_UP tokens per row, the same graph replayed (eagerly without graphs), where every row's budget holds
+        a window; else in one eager forward."""
         behind, self.draft_behind, self.draft_deferred = self.draft_behind, 0, False
         if not behind:
             return
