@@ -143,14 +143,14 @@ class SpecRunner:
         """The draft model reads the prompts of ``rows`` (not while deferred), once their first tokens are out: a
         streamer has them without waiting for it, and a row done at its first token costs it nothing."""
         if rows and "draft" in self.models and not self.head and not self.draft_deferred:
-            # the prompts alone, in the target's shapes; done before a round starts (the policy learns its time)
-            self._prefill(rows, ("target",), [self.batch.prompt_len(b) for b in rows])
+            # done before a round starts (the policy learns its time)
+            self._prefill(rows, ("target",))
             if self.batch.device.type == "cuda":
                 torch.cuda.current_stream(self.batch.device).synchronize()
 
-    def _prefill(self, rows: list[int], skip: tuple, lens: Optional[list[int]] = None) -> Optional[torch.Tensor]:
+    def _prefill(self, rows: list[int], skip: tuple) -> Optional[torch.Tensor]:
         batch = self.batch
-        lens = lens or [batch.real_len(b) for b in rows]
+        lens = [batch.prompt_len(b) for b in rows]  # the prompts alone: the draft, after the first token, too
         if self.fixed_prefill and FixedPrefill.fits(lens):
             out = self.prefills.run(self.models, batch, rows, lens, self.key.table_width, self.key.graphs, skip)
             self.warmup_seconds += self.prefills.capture_seconds
