@@ -15,8 +15,10 @@ Objective (EAGLE-1). For a window t_0..t_{T-1} the frozen target (eval mode, no 
 last hidden state after the final norm) and logits. Head position i reads (f_i, t_{i+1}), i = 0..T-2, and gives
 g_i and logits_i; the loss is ``smooth_l1(g_i, f_{i+1}) + w * CE(logits_i, softmax(target logits_{i+1}))``.
 w = 0.1 as in EAGLE: the feature loss carries most of the signal and is what later draft steps read, so it
-dominates (``--ce-weight``). No training-time-test unroll: the k-step metric below measures how well g holds.
-``--kept-vocab N``: the head's own output layer over the N most frequent training tokens (CE over those).
+dominates (``--ce-weight``). ``--ttt-steps S`` (EAGLE-3's training-time test): S unrolled steps, step s
+reading the head's own g of step s-1 as a draft step does; the loss averages over them.
+``--kept-vocab N``: the head's own output layer over the N most frequent training tokens (CE over those, the
+target's logits computed for those tokens alone). The loss and the metrics below: ``head_objective.py``.
 
 Schedule: AdamW, warmup + cosine over the elapsed share of the wall-clock budget (as pair_training.py), bf16
 autocast on GPU (weights in fp32), fp32 on CPU; ``--reserve-s`` of the budget is kept for evaluation and saving.
@@ -41,12 +43,12 @@ import time
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # build_pair, pair_data, pair_training
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # hf_specdec, not installed
 import build_pair  # noqa: E402
 from pair_data import encode_docs, list_source_files, split_and_read  # noqa: E402
+from head_objective import evaluate, head_loss, kept_output_layer, target_outputs  # noqa: E402
 from pair_training import make_optimizer  # noqa: E402
 
 
@@ -70,6 +72,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup-steps", type=int, default=None, help="default 50; tiny 10")
     p.add_argument("--min-lr-ratio", type=float, default=0.1)
     p.add_argument("--ce-weight", type=float, default=0.1, help="w of the distribution-matching loss")
+    p.add_argument("--ttt-steps", type=int, default=1, help="steps of the training-time test: the head also reads "
+                   "its own g, 1 to 4 (1: EAGLE-1)")
     p.add_argument("--num-layers", type=int, default=1, help="decoder layers of the head")
     p.add_argument("--intermediate-size", type=int, default=None, help="MLP size of the head (default: target's)")
     p.add_argument("--kept-vocab", type=int, default=0, help="an output layer of the head's own over the N most "
@@ -159,35 +163,6 @@ def windows(ids, length, limit=None):
     return ids[: n * length].reshape(n, length)
 
 
-@torch.no_grad()
-def target_outputs(target, ids, autocast):
-    """Features f (fp32, after the final norm) and logits (fp32) of the frozen target."""
-    with autocast():
-        f = target.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state
-        logits = target.get_output_embeddings()(f)
-    softcap = getattr(target.config.get_text_config(), "final_logit_softcapping", None)
-    logits = logits.float()
-    if softcap is not None:
-        logits = torch.tanh(logits / softcap) * softcap
-    return f.float(), logits
-
-
-def positions(n, t, device):
-    return torch.arange(t, device=device).expand(n, t)
-
-
-def head_loss(head, ids, f, logits_t, ce_weight, autocast):
-    """EAGLE-1 loss of one batch of windows: smooth-L1 on g vs the next feature + w * soft CE."""
-    n, t = ids.shape
-    with autocast():
-        out = head(ids[:, 1:], positions(n, t - 1, ids.device), f[:, :-1])
-    feat = F.smooth_l1_loss(out.hidden.float(), f[:, 1:])
-    kept = slice(None) if head.lm_head is None else head.lm_head.token_ids  # a reduced head: its tokens only
-    p = torch.softmax(logits_t[:, 1:, kept], dim=-1)
-    ce = -(p * torch.log_softmax(out.logits.float()[..., kept], dim=-1)).sum(-1).mean()
-    return feat + ce_weight * ce, feat.detach(), ce.detach()
-
-
 def lr_at(args, step, frac):
     warm = min(1.0, (step + 1) / args.warmup_steps)
     return args.lr * warm * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
@@ -199,6 +174,7 @@ def train_head(head, target, train_windows, args, device, autocast, deadline, lo
     order, pos, step, tokens = rng.permutation(len(train_windows)), 0, 0, 0
     t0 = last_log = time.perf_counter()
     span, first, last = max(deadline - t0, 1e-3), None, None
+    kept = kept_output_layer(target, head)  # a reduced head: the target's logits over its tokens only
     head.train()
     while True:
         now = time.perf_counter()
@@ -212,8 +188,8 @@ def train_head(head, target, train_windows, args, device, autocast, deadline, lo
         idx = order[pos : pos + args.batch_size]
         pos += args.batch_size
         ids = torch.from_numpy(train_windows[idx].astype(np.int64)).to(device)
-        f, logits_t = target_outputs(target, ids, autocast)
-        loss, feat, ce = head_loss(head, ids, f, logits_t, args.ce_weight, autocast)
+        f, logits_t = target_outputs(target, ids, autocast, kept)
+        loss, feat, ce = head_loss(head, ids, f, logits_t, args.ce_weight, autocast, args.ttt_steps)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
         opt.step()
@@ -231,65 +207,6 @@ def train_head(head, target, train_windows, args, device, autocast, deadline, lo
     return {"steps": step, "tokens_seen": tokens, "first": first, "last": last, "train_s": time.perf_counter() - t0}
 
 
-@torch.no_grad()
-def top1_agreement(head, target, eval_windows, batch, device, autocast):
-    """Share of positions where the head's argmax at i equals the target's argmax at i+1."""
-    hits = count = 0
-    for i in range(0, len(eval_windows), batch):
-        ids = torch.from_numpy(eval_windows[i : i + batch].astype(np.int64)).to(device)
-        f, logits_t = target_outputs(target, ids, autocast)
-        n, t = ids.shape
-        with autocast():
-            out = head(ids[:, 1:], positions(n, t - 1, device), f[:, :-1])
-        hits += int((out.logits.argmax(-1) == logits_t[:, 1:].argmax(-1)).sum())
-        count += n * (t - 1)
-    return hits / max(count, 1)
-
-
-@torch.no_grad()
-def greedy_continuation(target, prompts, k, autocast):
-    seq = prompts
-    for _ in range(k):
-        _, logits = target_outputs(target, seq, autocast)
-        seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    return seq[:, prompts.shape[1]:]
-
-
-@torch.no_grad()
-def head_drafts(head, target, prompts, k, autocast):
-    """k greedy drafts: step 1 reads the target's features of the prompt, step j+1 reads (g of step j, draft j)."""
-    f, _ = target_outputs(target, prompts, autocast)
-    n, ids, feats, drafts = prompts.shape[0], prompts[:, 1:], f[:, :-1], []
-    keep = torch.tensor([-1], device=prompts.device)
-    for _ in range(k):
-        with autocast():
-            out = head(ids, positions(n, ids.shape[1], prompts.device), feats, logits_to_keep=keep)
-        d = out.logits[:, -1].argmax(-1, keepdim=True)
-        drafts.append(d)
-        ids, feats = torch.cat([ids, d], dim=1), torch.cat([feats, out.hidden[:, -1:].float()], dim=1)
-    return torch.cat(drafts, dim=1)
-
-
-@torch.no_grad()
-def accepted_length(head, target, prompt_windows, k, batch, device, autocast):
-    """Mean leading matches of the head's k greedy drafts with the target's greedy continuation, and the share
-    of each draft step that matches given all earlier ones did."""
-    accepted, reached = [], torch.zeros(k + 1)
-    for i in range(0, len(prompt_windows), batch):
-        prompts = torch.from_numpy(prompt_windows[i : i + batch].astype(np.int64)).to(device)
-        ref = greedy_continuation(target, prompts, k, autocast)
-        run = (head_drafts(head, target, prompts, k, autocast) == ref).long().cumprod(dim=1)
-        accepted.append(run.sum(1).float().cpu())
-        reached += torch.cat([torch.full((1,), float(len(prompts))), run.sum(0).float().cpu()])
-    return {f"accepted_len_k{k}": float(torch.cat(accepted).mean()),
-            "step_acceptance": [float(reached[j + 1] / max(reached[j], 1)) for j in range(k)]}
-
-
-def evaluate(head, target, eval_windows, prompt_windows, args, device, autocast):
-    top1 = top1_agreement(head, target, eval_windows, args.batch_size, device, autocast)
-    return {"top1": top1, **accepted_length(head, target, prompt_windows, args.k, args.batch_size, device, autocast)}
-
-
 def set_defaults(args, summary, settings):
     tiny = args.tiny or bool(summary and summary.get("tiny"))
     defaults = dict(time_budget_s=20.0 if tiny else 120.0, reserve_s=3.0 if tiny else 15.0,
@@ -300,6 +217,8 @@ def set_defaults(args, summary, settings):
         if getattr(args, key) is None:
             setattr(args, key, value)
     args.tiny = tiny
+    if not 1 <= args.ttt_steps <= 4 or args.ttt_steps > max(1, args.seq_len - 2):
+        _fail(f"--ttt-steps {args.ttt_steps}: need 1 to 4, and at most --seq-len - 2 ({args.seq_len - 2})")
     if args.k < 1 or args.prompt_len < 2 or args.seq_len < 2:
         _fail(f"--k {args.k} / --prompt-len {args.prompt_len} / --seq-len {args.seq_len}: need k >= 1 and "
               "lengths >= 2")

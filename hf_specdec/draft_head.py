@@ -154,8 +154,9 @@ class DraftHead(LlamaPreTrainedModel):
         dtype = self.fc.weight.dtype  # its own, which may differ from its target's (a cast of either model)
         x = self.fc(torch.cat([embed(input_ids).to(dtype), features.to(dtype)], dim=-1))
         position_embeddings = self.rotary_emb(x, position_ids)
+        mask = kwargs.pop("attention_mask", None)  # training's unrolled steps (evals/head_objective.py)
         for layer in self.layers:
-            x = layer(x, attention_mask=None, position_ids=position_ids, position_embeddings=position_embeddings,
+            x = layer(x, attention_mask=mask, position_ids=position_ids, position_embeddings=position_embeddings,
                       **kwargs)
         hidden = self.norm(x)
         kept = hidden if logits_to_keep is None else hidden[:, logits_to_keep]

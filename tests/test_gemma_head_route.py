@@ -32,9 +32,9 @@ def test_gemma_head_against_reduced_draft_end_to_end(tmp_path):
     run(os.path.join(REPO, "evals", "train_draft_head.py"), "--target", tmp_path / "target", "--tokenizer",
         tmp_path / "target", "--out", tmp_path / "head", "--source-dir", SOURCE, "--kept-vocab", 96, "--max-steps", 6,
         "--time-budget-s", 600, "--seq-len", 64, "--batch-size", 4, "--eval-windows", 4, "--eval-prompts", 8,
-        "--prompt-len", 24, "--log-every-s", 100, "--device", "cpu")
+        "--prompt-len", 24, "--log-every-s", 100, "--device", "cpu", "--ttt-steps", 2)
     s = json.load(open(tmp_path / "head" / "summary.json"))
-    assert s["steps"] == 6 and s["pair_train_tokens_available"] is None and s["train_tokens_available"] > 0
+    assert s["settings"]["ttt_steps"] == 2 and s["steps"] == 6 and s["pair_train_tokens_available"] is None and s["train_tokens_available"] > 0
     meta = json.load(open(tmp_path / "head" / "draft_head.json"))
     assert "Gemma3" in json.dumps(meta)  # saved for this target's class
 

@@ -87,6 +87,11 @@ def test_bad_pair_dir_is_named(tmp_path):
     assert res.returncode != 0 and "nope" in res.stderr and "build_pair.py" in res.stderr
 
 
+def test_bad_ttt_steps_are_named(pair, tmp_path):
+    res = run("train_draft_head.py", "--pair", pair, "--out", tmp_path / "h", "--ttt-steps", 5)
+    assert res.returncode != 0 and "--ttt-steps 5" in res.stderr and "1 to 4" in res.stderr
+
+
 def test_kept_vocab_head_trains_and_proposes_only_its_tokens(pair, tmp_path):
     """--kept-vocab N: the head's own output layer over the N most frequent training tokens; its drafts stay in
     that set, it beats an untrained head, and greedy output is still the target's."""
