@@ -89,8 +89,12 @@ def unrolled_steps(head, ids, f, steps, autocast):
     keep = torch.zeros(0, dtype=torch.long, device=ids.device) if reduced else None  # no scatter to the vocabulary
     tokens, pos, feats = ids[:, 1:], positions(n, t - 1, ids.device), f[:, :-1]
     cache = DynamicCache() if steps > 1 else None
+    if cache is not None and head.config._attn_implementation != "sdpa":  # the bool mask means "attend" there only
+        raise ValueError(f"unrolled steps need the head's sdpa attention, not {head.config._attn_implementation}")
     for s in range(steps):
-        extra = {} if cache is None else {CACHE_KWARG: cache, "attention_mask": unroll_mask(t - 1, s, ids.device)}
+        extra = {} if cache is None else {CACHE_KWARG: cache}  # pass 0: plain causal attention (flash, GQA)
+        if s:
+            extra["attention_mask"] = unroll_mask(t - 1, s, ids.device)
         with autocast():
             out = head(tokens, pos, feats, logits_to_keep=keep, **extra)
             logits = head.lm_head.kept_logits(out.hidden) if reduced else out.logits

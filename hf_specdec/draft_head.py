@@ -149,7 +149,8 @@ class DraftHead(LlamaPreTrainedModel):
                 logits_to_keep: Optional[torch.Tensor] = None, **kwargs) -> DraftHeadOutput:
         """``input_ids``/``position_ids`` ``(N, T)``, ``features`` ``(N, T, H)`` (the target's ``f_i`` or the head's
         own ``g``); ``logits_to_keep``: token indices whose logits to compute (None: all). ``kwargs`` go to the
-        layers' attention (the runner's paged batch; without one, causal attention over each row: training)."""
+        layers' attention (the runner's paged batch; without one, causal attention over each row: training;
+        training's unrolled steps pass a 4-D bool ``attention_mask`` and a cache: evals/head_objective.py)."""
         embed, lm_head, softcap = self._bound()
         dtype = self.fc.weight.dtype  # its own, which may differ from its target's (a cast of either model)
         x = self.fc(torch.cat([embed(input_ids).to(dtype), features.to(dtype)], dim=-1))
