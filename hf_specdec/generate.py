@@ -61,15 +61,20 @@ def speculative_generate(
     with span("setup"):
         call = _Call(model, draft_model, input_ids, logits_processor, stopping_criteria, generation_config,
                      spec_config, spec_streamer, model_kwargs)
-    with paged_attention_enabled(*((model,) if call.draft is None else (model, call.draft))):
-        run_fast(call.runner, call.batch, call.spec, call.committer, call.request.eos_token_ids, call.metrics,
-                 call.timer, call.admission, call.policy)
-    with span("finish"):
-        call.policy.end_call(call.metrics)
-        call.metrics.warmup_seconds = call.runner.warmup_seconds
-        add_padding_steps(model, call.batch, call.committer, call.spec.logits, call.request.pad_token_id,
-                          call.request.vocab_size)  # output_scores / output_logits of rows that ended early
-        return _finish(call.batch, call.request, generation_config, call.committer, call.metrics, start, call.group)
+    try:
+        with paged_attention_enabled(*((model,) if call.draft is None else (model, call.draft))):
+            run_fast(call.runner, call.batch, call.spec, call.committer, call.request.eos_token_ids, call.metrics,
+                     call.timer, call.admission, call.policy)
+        with span("finish"):
+            call.policy.end_call(call.metrics)
+            call.metrics.warmup_seconds = call.runner.warmup_seconds
+            add_padding_steps(model, call.batch, call.committer, call.spec.logits, call.request.pad_token_id,
+                              call.request.vocab_size)  # output_scores / output_logits of rows that ended early
+            return _finish(call.batch, call.request, generation_config, call.committer, call.metrics, start,
+                           call.group)
+    except BaseException:  # an exception or KeyboardInterrupt: a streamer's consumer is released, then it goes on
+        call.committer.end_after_failure()
+        raise
 
 
 class _Call:

@@ -92,3 +92,46 @@ def test_a_fault_inside_the_draft_models_forward(error, monkeypatch):
     assert target.config._attn_implementation == implementation
     assert torch.equal(_call(target, draft, spec), want)
     assert _free_blocks(target, draft) == free
+
+
+class _RecordingStreamer:
+    def __init__(self):
+        self.puts, self.ends = [], 0
+
+    def put(self, value):
+        self.puts.append(value.clone())
+
+    def end(self):
+        self.ends += 1
+
+
+@pytest.mark.parametrize("error", [RuntimeError("injected"), KeyboardInterrupt()], ids=["exception", "interrupt"])
+def test_a_failed_call_still_ends_its_streamer(error, monkeypatch):
+    """A consumer iterating a streamer (TextIteratorStreamer) waits for end(): a call failing mid-way still sends
+    it, after what had been committed, once, and the call's own error is what the caller sees."""
+    target = hf_specdec.enable(make_model("llama", seed=0))
+    draft = make_draft(target, "mix")
+    spec = hf_specdec.SpecConfig(num_speculative_tokens=3, adaptive=False)
+    ids = torch.randint(3, 100, (1, 7), generator=torch.Generator().manual_seed(0))
+
+    def call(streamer):
+        return target.generate(input_ids=ids, assistant_model=draft, max_new_tokens=12, do_sample=False,
+                               eos_token_id=None, pad_token_id=0, spec_config=spec, streamer=streamer)
+
+    whole = _RecordingStreamer()
+    call(whole)
+    assert whole.ends == 1 and len(whole.puts) > 2
+    _inject(monkeypatch, fixed_round, "verify_and_commit", error, after=2)
+    failed = _RecordingStreamer()
+    with pytest.raises(type(error)):
+        call(failed)
+    assert failed.ends == 1
+    assert 1 < len(failed.puts) < len(whole.puts)  # the prompt, the first token and two rounds, then end()
+    assert all(torch.equal(a, b) for a, b in zip(failed.puts, whole.puts))
+
+    class Broken(_RecordingStreamer):  # a streamer failing at end() does not hide the call's own error
+        def end(self):
+            raise ValueError("the streamer's own")
+
+    with pytest.raises(type(error)):
+        call(Broken())

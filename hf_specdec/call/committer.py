@@ -7,6 +7,7 @@ hands this object what the host must see at each round's sync: stopping criteria
 """
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from typing import Optional
 
@@ -85,6 +86,14 @@ class Committer:
         return tuple(out.unbind(0))
 
     def end(self) -> None:
-        if self.stream is not None:
-            self.stream.flush(end=True)
-            self.stream.streamer.end()
+        """Flush a streamer and end it, once."""
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            stream.flush(end=True)
+            stream.streamer.end()
+
+    def end_after_failure(self) -> None:
+        """A failed call still ends its streamer (a consumer iterating it would wait forever): what was committed
+        is flushed first. A failure while doing so (the streamer's own) must not hide the call's, so it is dropped."""
+        with contextlib.suppress(Exception):
+            self.end()
