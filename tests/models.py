@@ -68,3 +68,16 @@ def left_padded_prompts(batch: int, seed: int, min_len: int = 2, max_len: int = 
         ids[b, width - n:] = torch.randint(3, vocab, (n,), generator=gen)
         mask[b, width - n:] = 1
     return ids, mask
+
+
+class RecordingStreamer:
+    """A streamer that keeps what it is given (each put as a list) and counts its end() calls."""
+
+    def __init__(self):
+        self.puts, self.ended = [], 0
+
+    def put(self, value):
+        self.puts.append(value.tolist())
+
+    def end(self):
+        self.ended += 1

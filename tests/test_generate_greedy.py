@@ -6,7 +6,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 import hf_specdec
-from models import left_padded_prompts, make_draft, make_model
+from models import RecordingStreamer, left_padded_prompts, make_draft, make_model
 
 MAX_NEW = 13  # not a multiple of k+1 for any k tested
 
@@ -169,25 +169,13 @@ def test_stop_strings_cut_inside_accepted_run():
 def test_streamer_at_batch_3_gets_plain_generates_steps(targets):
     """At batch > 1 a streamer sees what plain generate gives it: the prompts, then one (B,) tensor per step, the pad
     token for rows that have finished; rows here end at different steps on an EOS and advance at their own pace."""
-    from transformers.generation.streamers import BaseStreamer
-
-    class Collect(BaseStreamer):
-        def __init__(self):
-            self.puts, self.ended = [], 0
-
-        def put(self, value):
-            self.puts.append(value.tolist())
-
-        def end(self):
-            self.ended += 1
-
     target = targets["llama"]
     ids, mask = left_padded_prompts(3, seed=6)
     plain = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW,
                             eos_token_id=None)
     kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0,
               eos_token_id=int(plain[1, ids.shape[1] + 2]))
-    theirs, ours = Collect(), Collect()
+    theirs, ours = RecordingStreamer(), RecordingStreamer()
     expected = target.generate(**kw, streamer=theirs)
     out = target.generate(**kw, streamer=ours, assistant_model=make_draft(target, "mix"),
                           spec_config=hf_specdec.SpecConfig(num_speculative_tokens=3, block_size=4, adaptive=False))
