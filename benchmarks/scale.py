@@ -39,7 +39,7 @@ Random weights (nothing downloaded) in Llama-3.1-8B's shapes for the target and 
 7. with --long-prompts: time to first token at b = 1 for each length (until a streamer gets the first generated
    token of a generate(max_new_tokens=4) call), ours (SpecConfig() with the draft; and k = 0, the target alone)
    against HF's generate, and the peak memory of a b = 32 call with
-   --long-batch-prompt tokens a row (long_prompts()).
+   --long-batch-prompt tokens a row (scale_long_prompts.py).
 
 --shapes tiny runs on the CPU (fp32, the runner without graphs, no CUDA events): the same code paths with a
 perf_counter timer and CPU ops counted in place of kernels; its numbers mean nothing. The JSON is rewritten after
@@ -63,6 +63,7 @@ import hf_specdec  # noqa: E402
 from benchmarks.cold_start_report import write_json  # noqa: E402
 from benchmarks.common import sync, weight_bytes  # noqa: E402
 from benchmarks.scale_head import build_head, head_costs  # noqa: E402
+from benchmarks.scale_long_prompts import long_prompts, random_prompt  # noqa: E402
 from benchmarks.scale_report import ROUND_K, batch_ratios, derive, report  # noqa: E402
 from benchmarks.tp_cost import SIZES, TINY, build, config  # noqa: E402
 from hf_specdec.runner import bucket_for, runner_for  # noqa: E402
@@ -166,12 +167,6 @@ def kernel_summary(piece, layers: int, device: torch.device, replays: int = 5, t
             "top": [[n, count[n] / replays, us[n] / replays] for n in ranked]}
 
 
-def random_prompt(vocab: int, batch: int, length: int, device: torch.device) -> dict:
-    gen = torch.Generator().manual_seed(1000 * batch + length)
-    ids = torch.randint(3, vocab, (batch, length), generator=gen).to(device)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-
-
 def runner_call(target, draft, k: int, batch: int, args, device: torch.device):
     """One greedy generate() on the runner at fixed k (k = 0: plain decoding, no draft); its spec_metrics."""
     cuda = device.type == "cuda"
@@ -261,72 +256,6 @@ def measure_batch(target, draft, batch: int, res: dict, args, device: torch.devi
     return row
 
 
-class FirstTokenClock:
-    """A streamer that notes when the first generated token arrives (its first ``put`` is the prompt)."""
-
-    def __init__(self):
-        self.puts, self.at = 0, None
-
-    def put(self, value):
-        self.puts += 1
-        if self.puts == 2:
-            self.at = time.perf_counter()
-
-    def end(self):
-        pass
-
-
-def long_prompts(target, draft, args, device: torch.device) -> dict:
-    """Time to first token at b = 1 for each --long-prompts length, as a streaming user meets it: from the call to
-    its streamer's first generated token, in generate(max_new_tokens=4) with SpecConfig() and the draft against
-    Hugging Face's own generate (dynamic cache, the model's attention implementation), median of 3 after a warm
-    call each; then the peak memory of a b = 32 call with --long-batch-prompt tokens a row (caches sized
-    automatically), against the GPU's memory."""
-    lengths = [int(n) for n in args.long_prompts.split(",") if n.strip()]
-    longest = max(lengths + [args.long_batch_prompt]) + 64
-    for m in (target, draft):  # rotary positions are computed, not tabled: the limit is a check only
-        m.config.max_position_embeddings = max(m.config.max_position_embeddings, longest)
-    cuda = device.type == "cuda"  # no background compile beside the timings (a prefill runs the model as it is)
-    spec = hf_specdec.SpecConfig(cuda_graphs=cuda or None, compile=False if cuda else None)
-    plain = hf_specdec.SpecConfig(num_speculative_tokens=0, cuda_graphs=cuda or None, compile=False if cuda else None)
-    out = {"ttft_ms": {}, "attn_implementation": target.config._attn_implementation}
-    for n in lengths:
-        prompt = random_prompt(target.config.vocab_size, 1, n, device)
-        common = dict(max_new_tokens=4, do_sample=False, eos_token_id=None, pad_token_id=0)
-        calls = {"ours": lambda clock: target.generate(**prompt, **common, streamer=clock, assistant_model=draft,
-                                                       spec_config=spec),
-                 "ours_target_only": lambda clock: target.generate(**prompt, **common, streamer=clock,
-                                                                   spec_config=plain),
-                 "hf": lambda clock: target.generate(**prompt, **common, streamer=clock)}
-        row = {}
-        for name, call in calls.items():
-            call(FirstTokenClock())
-            times = []
-            for _ in range(3):
-                clock = FirstTokenClock()
-                sync(device)
-                start = time.perf_counter()
-                call(clock)
-                sync(device)
-                times.append((clock.at - start) * 1e3)
-            row[name] = statistics.median(times)
-        row["ours_over_hf"] = row["ours"] / row["hf"]
-        row["target_only_over_hf"] = row["ours_target_only"] / row["hf"]
-        out["ttft_ms"][str(n)] = row
-        log(f"time to first token, {n} tokens: ours {row['ours']:.1f} ms (target only {row['ours_target_only']:.1f}), "
-            f"HF {row['hf']:.1f} ms")
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        prompt = random_prompt(target.config.vocab_size, 32, args.long_batch_prompt, device)
-        target.generate(**prompt, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0,
-                        assistant_model=draft, spec_config=spec)
-        peak, total = torch.cuda.max_memory_allocated(device), torch.cuda.get_device_properties(device).total_memory
-        out["b32_memory"] = {"prompt": args.long_batch_prompt, "peak_gb": peak / 1e9, "gpu_gb": total / 1e9,
-                             "fits_80gb": peak < 80e9}
-        log(f"b = 32 x {args.long_batch_prompt} tokens: peak {peak / 1e9:.1f} GB of {total / 1e9:.0f} GB")
-    return out
-
-
 def print_summary(row: dict) -> None:
     s, kt = row["floor_share"], row["kernels"]
     log(f"b={row['batch']}: floor shares " + " ".join(f"{n} {v:.2f}" for n, v in s.items()))
@@ -357,6 +286,8 @@ def parse_args(argv=None):
     ap.add_argument("--head", action="store_true", help="also a random draft head's costs (scale_head.py)")
     ap.add_argument("--head-vocab", type=int, default=0, help="the head's own output layer over this many tokens "
                     "(0: the target's)")
+    ap.add_argument("--draft-vocab", type=int, default=0, help="the draft's output layer over its first this many "
+                    "tokens (hf_specdec.reduce_vocab; 0: the whole vocabulary)")
     ap.add_argument("--long-prompts", default="", help="prompt lengths for time to first token, e.g. 2048,8192")
     ap.add_argument("--long-batch-prompt", type=int, default=4096, help="tokens a row of the b = 32 memory check")
     ap.add_argument("--out", help="JSON of the results")
@@ -387,6 +318,9 @@ def main(argv=None) -> dict | None:
     torch.manual_seed(0)
     target = hf_specdec.enable(build(config(sizes["target"], vocab), False, device, dtype, None))
     draft = build(config(sizes["draft"], vocab), False, device, dtype, None)
+    if args.draft_vocab:
+        hf_specdec.reduce_vocab(draft, range(min(args.draft_vocab, vocab)))
+    res["draft_vocab"] = args.draft_vocab or vocab
     res["models"] = {name: step_bytes(m) for name, m in (("target", target), ("draft", draft))}
     for name, m in res["models"].items():
         log(f"{name}: {m['per_step_bytes_1tok'] / 1e9:.3f} GB a step, floor "
@@ -400,7 +334,7 @@ def main(argv=None) -> dict | None:
         if args.out:
             write_json(args.out, res)  # a run cut short keeps its batch sizes
     if args.long_prompts:
-        res["long_prompts"] = long_prompts(target, draft, args, device)
+        res["long_prompts"] = long_prompts(target, draft, args, device, log)
     res["total_s"] = time.perf_counter() - T0
     if args.out:
         write_json(args.out, res)

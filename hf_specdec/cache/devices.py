@@ -26,6 +26,14 @@ import torch
 from torch import nn
 
 
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """The same device, ``cuda`` without an index meaning the current one."""
+    if a.type != b.type:
+        return False
+    current = torch.cuda.current_device() if a.type == "cuda" else 0
+    return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
+
+
 def _as_device(device) -> torch.device:
     return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
 

@@ -6,15 +6,20 @@ with ``torch.compile`` instead; since the layers share their code and their weig
 traces one layer and Inductor compiles it once for all of them. The paged attention sits outside the compiled
 regions (``cache/attention.py``: it reads the layer's index, which would otherwise make each layer a guard of
 its own), so a layer is a few compiled pieces around an opaque attention call; under CUDA graphs the breaks
-cost nothing at replay. The user's model is not changed: ``compile_regions`` returns a shallow copy that shares
-its modules and weights. Shapes are dynamic: one compiled layer serves every batch bucket and every k (token
+cost nothing at replay. Shapes are dynamic: one compiled layer serves every batch bucket and every k (token
 counts of 1 apart, which torch specialises).
+
+What is compiled is ``fused_projections.shared_projections(model).module_copy(model)``: q/k/v and gate/up
+run as one matmul each, over weights the user's parameters are views of. The user's modules are not changed
+(``compile_regions`` and the fused copy are shallow copies that share modules and weights).
 """
 from __future__ import annotations
 
 import torch
 from accelerate.utils import compile_regions
 from transformers import PreTrainedModel
+
+from .fused_projections import inductor_options, shared_projections
 
 # compiled variants per code object: (target, draft) x (1 token, any count) x (full, sliding-window layers) ...
 _CACHE_SIZE_LIMIT = 64
@@ -23,4 +28,6 @@ _CACHE_SIZE_LIMIT = 64
 def compile_model(model: PreTrainedModel, backend="inductor"):
     """A callable like ``model`` whose repeated decoder layers (and other children) are compiled."""
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, _CACHE_SIZE_LIMIT)
-    return compile_regions(model, dynamic=True, backend=backend)
+    fused = shared_projections(model).module_copy(model)
+    options = {"options": inductor_options()} if backend == "inductor" else {}
+    return compile_regions(fused, dynamic=True, backend=backend, **options)

@@ -2,9 +2,8 @@
 
 It owns what must outlive a ``generate()`` call for CUDA graphs to be replayed by the
 next one: both models' paged caches (their pools' addresses are baked into the graphs),
-one ``BucketState`` per batch bucket, the captured graphs and the compiled models. A
-call that changes nothing that shapes a graph (``RunnerKey``) captures nothing, nor does one
-whose key an earlier call used (``runner_slots.py`` keeps each key's graphs).
+one ``BucketState`` per batch bucket, the captured graphs and the compiled models. A call that changes nothing
+that shapes a graph (``RunnerKey``) captures nothing, nor does one whose key an earlier call used (``runner_slots.py``).
 
 Per call: ``begin`` sizes the caches; each row gets its whole budget (prompt +
 max_new_tokens + k + 1) in both caches when it starts (``row_blocks.py``), so a round never
@@ -25,9 +24,10 @@ from typing import Optional
 import torch
 from transformers import PreTrainedModel
 
-from ..cache import PagedKVCache, blocks_for, input_device
+from ..cache import PagedKVCache, blocks_for, input_device, same_device
 from .background_compile import BackgroundCompile, compile_job
 from .bucket_state import BucketState, RowAtSync, bucket_for, eos_width
+from .fused_projections import shared_projections
 from .graphs import StageGraph
 from .paged_model import PagedModel, feature_layout
 from .prefill import FixedPrefill, eager_prefill
@@ -82,6 +82,8 @@ class SpecRunner:
         models = {"target": self.target}
         if spec.draft_model is not None:
             models[spec.draft_model] = self.draft
+        for model in models.values():  # before any graph holds the addresses of the weights
+            shared_projections(model)
         self.head = spec.draft_model is not None and getattr(self.draft, "reads_target_hidden", False)
         if self.head:
             hidden, dtype = feature_layout(self.target)
@@ -120,7 +122,7 @@ class SpecRunner:
         self.models = {name: PagedModel(model, self.caches[name], vocab,
                                         self.compiling[name].compiled if compiled else None)
                        for name, model in models.items()}
-        self.fixed_prefill = fixed_prefill and all(_same_device(pm.cache.device, batch.device)
+        self.fixed_prefill = fixed_prefill and all(same_device(pm.cache.device, batch.device)
                                                    for pm in self.models.values())
         prepare = getattr(spec.logits, "prepare", None)
         if prepare is not None:  # device constants of the processors: host copies, never inside a capture
@@ -391,9 +393,3 @@ class SpecRunner:
         failed = [job.error for job in jobs if job.error]
         return f"compile failed: {failed[0]}" if failed else "compiling in the background"
 
-
-def _same_device(a: torch.device, b: torch.device) -> bool:
-    if a.type != b.type:
-        return False
-    current = torch.cuda.current_device() if a.type == "cuda" else 0
-    return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)

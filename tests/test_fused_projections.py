@@ -1,0 +1,140 @@
+"""Fused q/k/v and gate/up projections (runner/fused_projections.py).
+
+The user's parameters become views of one fused tensor per group (same values, no extra memory, the same
+modules); the runner's compiled copy computes each group as one matmul (the CSE pass keeps one of the three
+identical ones). Checked: values, memory, the user's modules, save/load, the matmul count in the compiled
+graphs and in Inductor's code, and the repair after a parameter got new storage.
+"""
+import gc
+import re
+import shutil
+import weakref
+
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.backends.common import aot_autograd
+from torch._inductor.utils import run_and_get_code
+
+from cache_models import build_model
+from compile_recorder import fresh_dynamo  # noqa: F401  (an autouse fixture)
+from hf_specdec.runner.compiled_regions import compile_model
+from hf_specdec.runner.fused_projections import FusedSliceLinear, SharedMatmulCSE, shared_projections
+
+IDS = torch.tensor([[5, 9, 17, 33, 2, 40, 11]])
+
+
+def _storage_bytes(model) -> int:
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("family", ["llama_gqa", "qwen2", "mistral", "gemma2_softcap_sliding"])
+@torch.no_grad()
+def test_shared_storage_keeps_values_modules_and_memory(family):
+    model = build_model(family)
+    want = model(IDS).logits
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    before = _storage_bytes(model)
+    shared = shared_projections(model)
+    assert len(shared.groups) == 2 * model.config.num_hidden_layers
+    attn = model.model.layers[0].self_attn
+    assert type(attn.q_proj) is torch.nn.Linear and "fused_weight" not in dict(attn.q_proj.named_buffers())
+    assert attn.q_proj.weight.untyped_storage().data_ptr() == attn.v_proj.weight.untyped_storage().data_ptr()
+    assert _storage_bytes(model) == before, "the fused tensors are a second copy of the weights"
+    assert state.keys() == model.state_dict().keys()
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    torch.testing.assert_close(model(IDS).logits, want, rtol=0, atol=0)
+    fused = shared.module_copy(model)
+    assert type(fused.model.layers[0].self_attn.q_proj) is FusedSliceLinear
+    assert fused.model.embed_tokens is model.model.embed_tokens
+    torch.testing.assert_close(fused(IDS).logits, want, rtol=1e-5, atol=1e-5)
+    assert shared_projections(model) is shared
+    alive = weakref.ref(model)
+    del model, fused, shared
+    gc.collect()
+    assert alive() is None, "the model is kept alive by its shared projections"
+
+
+def test_unfusable_groups_are_left_alone():
+    model = build_model("gpt2")  # c_attn is already one projection
+    assert not shared_projections(model).groups
+    model = build_model("llama_gqa")
+    model.model.layers[0].self_attn.k_proj.register_forward_hook(lambda *a: None)
+    names = {names for _, names in shared_projections(model).groups}
+    assert len(shared_projections(model).groups) == 2 * model.config.num_hidden_layers - 1
+    assert names == {("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")}
+
+
+class _MatmulCounter:
+    """An aot backend that applies the CSE pass (or not) and counts the matmuls left in each graph."""
+
+    def __init__(self, cse: bool):
+        self.cse, self.matmuls = cse, []
+
+    def compiler(self, gm, example_inputs):
+        if self.cse:
+            SharedMatmulCSE()(gm.graph)
+            gm.recompile()
+        packets = {torch.ops.aten.mm, torch.ops.aten.addmm}
+        self.matmuls.append(sum(getattr(n.target, "overloadpacket", None) in packets for n in gm.graph.nodes))
+        return gm.forward
+
+    def backend(self):
+        return aot_autograd(fw_compiler=self.compiler)
+
+
+@pytest.mark.parametrize("family", ["llama_gqa", "qwen2"])
+@torch.no_grad()
+def test_compiled_copy_runs_one_matmul_per_group(family):
+    model = build_model(family)
+    want = model(IDS).logits
+    counts = {}
+    for cse in (False, True):
+        torch._dynamo.reset()
+        counter = _MatmulCounter(cse)
+        got = compile_model(model, backend=counter.backend())(IDS).logits
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        counts[cse] = max(counter.matmuls)  # the decoder layer's graph (lm_head is a graph of its own)
+    assert counts == {False: 7, True: 4}, counts  # q, k, v, o, gate, up, down -> qkv, o, gate/up, down
+
+
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="Inductor on CPU needs a C++ compiler")
+@torch.no_grad()
+def test_inductor_keeps_one_matmul_per_group():
+    model = build_model("llama_gqa")
+    want = model(IDS).logits
+    got, codes = run_and_get_code(lambda: compile_model(model)(IDS).logits)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    per_graph = [len(re.findall(r"extern_kernels\.(?:mm|addmm)\(", code)) for code in codes]
+    assert max(per_graph) == 4, per_graph
+
+
+@torch.no_grad()
+def test_new_storage_is_shared_again_with_its_values():
+    model = build_model("qwen2")
+    shared = shared_projections(model)
+    fused = shared.module_copy(model)
+    group = next(iter(shared.groups.values()))
+    address = group.weight.data_ptr()
+    k = model.model.layers[0].self_attn.k_proj
+    k.weight.data = k.weight.data * 2  # new storage, new values (as load_state_dict(assign=True) would)
+    k.bias.data = k.bias.data + 1
+    assert not shared.intact()
+    want = model(IDS).logits
+    assert shared_projections(model) is shared and shared.intact()
+    assert group.weight.data_ptr() == address, "the fused tensor moved: captured graphs would read freed memory"
+    torch.testing.assert_close(fused(IDS).logits, want, rtol=1e-5, atol=1e-5)
+    model.double()  # another dtype: new fused tensors
+    shared_projections(model)
+    assert shared.intact() and group.weight.dtype == torch.float64
+    torch.testing.assert_close(fused(IDS.clone()).logits, model(IDS).logits, rtol=1e-9, atol=1e-9)
+
+
+def test_save_and_load_after_sharing(tmp_path):
+    model = build_model("qwen2")
+    shared_projections(model)
+    model.save_pretrained(tmp_path)
+    loaded = type(model).from_pretrained(tmp_path).eval()
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), name
