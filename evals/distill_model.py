@@ -3,7 +3,7 @@
 The draft is the target's own architecture with a few of its layers (the first ones by default,
 or any chosen; each keeps its attention type: sliding or full), the target's input
 embedding (a frozen copy; saved as "the target's", so it costs the file nothing), its final
-norm, and a ``ReducedVocabHead`` starting from the target's output rows of the kept tokens.
+norm, and a ``ReducedVocabHead`` starting from the target's output rows (and bias) of the kept tokens.
 Training minimises KL(p_K || q) per position, where p_K is the target's next-token
 distribution restricted to the kept tokens and renormalised: the best a draft that can only
 propose kept tokens can do (its acceptance is then the target's mass on the kept set).
@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from hf_specdec.reduced_vocab import ReducedVocabHead
+from hf_specdec.reduced_vocab import restrict_output_layer
 from hf_specdec.reduced_vocab_io import empty_reduced_model, install_embedding
 
 
@@ -47,12 +47,10 @@ def draft_from_target(target, kept: torch.Tensor, layers: list[int]):
     text.num_hidden_layers = len(layers)
     if getattr(text, "layer_types", None) is not None:
         text.layer_types = [text.layer_types[i] for i in layers]
-    out_weight = target.get_output_embeddings().weight.detach()
-    softcap = getattr(text, "final_logit_softcapping", None)
-    if softcap is not None:
+    if getattr(text, "final_logit_softcapping", None) is not None:
         text.final_logit_softcapping = None  # applied inside the reduced head
-    head = ReducedVocabHead(out_weight.index_select(0, kept.to(out_weight.device)).float(), kept,
-                            text.vocab_size, softcap)
+    head = restrict_output_layer(target, kept).float()
+    device = head.weight.device
     draft = empty_reduced_model(cfg, head).float()
     source = target.state_dict()
     emb_key = next(n for n, p in draft.named_parameters() if p is draft.get_input_embeddings().weight)
@@ -62,7 +60,7 @@ def draft_from_target(target, kept: torch.Tensor, layers: list[int]):
     missing = [k for k in missing if k != emb_key and not k.startswith(_head_prefix(draft))]
     if missing or unexpected:
         raise RuntimeError(f"layer copy left {missing[:5]} unset and {unexpected[:5]} unused")
-    draft.to(out_weight.device)
+    draft.to(device)
     install_embedding(draft, target.get_input_embeddings().weight, share=False)
     return draft
 
@@ -87,13 +85,6 @@ def hidden_states(model, input_ids: torch.Tensor) -> torch.Tensor:
     return model.base_model(input_ids=input_ids, use_cache=False).last_hidden_state
 
 
-def teacher_head(target, kept: torch.Tensor) -> ReducedVocabHead:
-    """The target's output layer restricted to the kept rows (no full-vocabulary logits in training)."""
-    w = target.get_output_embeddings().weight.detach()
-    return ReducedVocabHead(w.index_select(0, kept.to(w.device)), kept, w.shape[0],
-                            getattr(target.config.get_text_config(), "final_logit_softcapping", None))
-
-
 def distill_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
     """Mean over positions of KL(softmax(teacher) || softmax(student)), both over the kept tokens, in fp32."""
     log_p = torch.log_softmax(teacher_logits.float(), -1)
@@ -111,7 +102,7 @@ def lr_at(progress: float, step: int, peak: float, warmup: int, min_ratio: float
 def train(draft, target, kept: torch.Tensor, windows: torch.Tensor, args, device, autocast_dtype,
           log: Callable[[str], None]) -> dict:
     """Distil for ``args.train_seconds`` (or ``args.max_steps``); returns step count, losses and seconds."""
-    t_head = teacher_head(target, kept)
+    t_head = restrict_output_layer(target, kept).requires_grad_(False)  # the teacher: no full-vocabulary logits
     head = draft.get_output_embeddings()
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95),

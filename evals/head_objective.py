@@ -18,18 +18,16 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
+from hf_specdec.reduced_vocab import ReducedVocabHead, restrict_output_layer
+
 # what a decoder layer calls its cache argument: past_key_values (transformers 5.17), cache (newer)
 CACHE_KWARG = "cache" if "cache" in inspect.signature(LlamaDecoderLayer.forward).parameters else "past_key_values"
 
 
-def kept_output_layer(target, head) -> Optional[tuple]:
-    """(weight, bias) of the target's output layer restricted to the head's kept tokens, in the head's
-    ``token_ids`` order; None for a head over the whole vocabulary."""
-    if head.lm_head is None:
-        return None
-    out, ids = target.get_output_embeddings(), head.lm_head.token_ids
-    bias = getattr(out, "bias", None)
-    return out.weight.detach()[ids], None if bias is None else bias.detach()[ids]
+def teacher_layer(target, head) -> Optional[ReducedVocabHead]:
+    """The target's output layer over the head's kept tokens (``restrict_output_layer``: rows and bias, in the
+    head's ``token_ids`` order); None for a head over the whole vocabulary."""
+    return None if head.lm_head is None else restrict_output_layer(target, head.lm_head.token_ids).requires_grad_(False)
 
 
 @torch.no_grad()
@@ -40,11 +38,11 @@ def target_features(target, ids, autocast):
 
 
 @torch.no_grad()
-def target_logits(target, f, autocast, kept: Optional[tuple] = None):
+def target_logits(target, f, autocast, kept: Optional[ReducedVocabHead] = None):
     """The target's logits (fp32, soft-capped as its forward does) of features ``f``: over the whole vocabulary,
-    or over the kept tokens only with ``kept`` (``kept_output_layer``)."""
+    or over the kept tokens only with ``kept`` (``teacher_layer``; capped here, in fp32, not by the head)."""
     with autocast():
-        logits = target.get_output_embeddings()(f) if kept is None else F.linear(f, *kept)
+        logits = target.get_output_embeddings()(f) if kept is None else F.linear(f, kept.weight, kept.bias)
     softcap = getattr(target.config.get_text_config(), "final_logit_softcapping", None)
     logits = logits.float()
     if softcap is not None:
@@ -52,7 +50,7 @@ def target_logits(target, f, autocast, kept: Optional[tuple] = None):
     return logits
 
 
-def target_outputs(target, ids, autocast, kept: Optional[tuple] = None):
+def target_outputs(target, ids, autocast, kept: Optional[ReducedVocabHead] = None):
     """Features and logits of the frozen target (``target_features``, ``target_logits``)."""
     f = target_features(target, ids, autocast)
     return f, target_logits(target, f, autocast, kept)

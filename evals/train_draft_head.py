@@ -48,7 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # build_pair, pa
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # hf_specdec, not installed
 import build_pair  # noqa: E402
 from pair_data import encode_docs, list_source_files, split_and_read  # noqa: E402
-from head_objective import evaluate, head_loss, kept_output_layer, target_outputs  # noqa: E402
+from head_objective import evaluate, head_loss, target_outputs, teacher_layer  # noqa: E402
 from pair_training import make_optimizer  # noqa: E402
 
 
@@ -174,7 +174,7 @@ def train_head(head, target, train_windows, args, device, autocast, deadline, lo
     order, pos, step, tokens = rng.permutation(len(train_windows)), 0, 0, 0
     t0 = last_log = time.perf_counter()
     span, first, last = max(deadline - t0, 1e-3), None, None
-    kept = kept_output_layer(target, head)  # a reduced head: the target's logits over its tokens only
+    kept = teacher_layer(target, head)  # a reduced head: the target's logits over its tokens only
     head.train()
     while True:
         now = time.perf_counter()

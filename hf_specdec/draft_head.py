@@ -39,7 +39,7 @@ from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaPr
                                                        LlamaRotaryEmbedding)
 from transformers.utils import ModelOutput
 
-from .reduced_vocab import ReducedVocabHead, check_token_ids
+from .reduced_vocab import ReducedVocabHead, restrict_output_layer
 from .weight_probe import matches_probe, probe
 
 FORMAT = "hf_specdec.draft_head/1"
@@ -67,8 +67,10 @@ class DraftHead(LlamaPreTrainedModel):
         self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config)
         kept = getattr(config, "hf_specdec_kept", None)  # an output layer of its own over that many tokens
+        bias = torch.zeros(kept) if kept and getattr(config, "hf_specdec_kept_bias", False) else None  # the target's
         self.lm_head = None if not kept else ReducedVocabHead(torch.zeros(kept, hidden),
-                                                              torch.arange(kept, device="cpu"), config.vocab_size)
+                                                              torch.arange(kept, device="cpu"), config.vocab_size,
+                                                              bias=bias)
         self._target: tuple = ()  # (input embedding, output layer, final soft-cap) of the target: ``bind``
         self.post_init()
 
@@ -97,9 +99,9 @@ class DraftHead(LlamaPreTrainedModel):
         head = cls(config).to(device=weight.device, dtype=weight.dtype)
         config.hf_specdec_target = target_fingerprint(target)
         if kept_ids is not None:
-            ids = check_token_ids(kept_ids, tc.vocab_size)
-            head.lm_head = ReducedVocabHead(weight.detach()[ids.to(weight.device)], ids, tc.vocab_size)
-            config.hf_specdec_kept = ids.numel()
+            head.lm_head = restrict_output_layer(target, kept_ids)  # its rows and bias; bind sets the cap
+            config.hf_specdec_kept = head.lm_head.num_kept
+            config.hf_specdec_kept_bias = head.lm_head.bias is not None  # a bias to allocate on load
         return head.rope_in_fp32().bind(target)
 
     def rope_in_fp32(self) -> "DraftHead":

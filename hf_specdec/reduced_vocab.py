@@ -53,19 +53,27 @@ class ReducedVocabHead(nn.Module):
     """Logits for ``token_ids`` only, scattered into a ``vocab_size`` row filled with ``fill_value``.
 
     ``weight`` ``(N, hidden)``: the output rows of the kept tokens; ``token_ids`` ``(N,)``, a buffer
-    (saved with the weights). ``softcap``: Gemma-style final logit soft-capping, applied to the kept
+    (saved with the weights). ``bias`` ``(N,)`` or None: the kept entries of the output layer's bias
+    (Phi-style heads have one). ``softcap``: Gemma-style final logit soft-capping, applied to the kept
     logits here (capping the fill would turn it into ``-softcap`` and give it probability).
     Compile- and graph-friendly: one matmul and one ``index_copy``, no host work.
     """
 
     def __init__(self, weight: torch.Tensor, token_ids: torch.Tensor, vocab_size: int,
-                 softcap: Optional[float] = None):
+                 softcap: Optional[float] = None, bias: Optional[torch.Tensor] = None):
         super().__init__()
         ids = check_token_ids(token_ids, vocab_size)
         if weight.dim() != 2 or weight.shape[0] != ids.numel():
             raise ValueError(f"ReducedVocabHead needs one weight row per kept token: {ids.numel()} ids, "
                              f"weight of shape {tuple(weight.shape)}.")
+        if bias is not None and tuple(bias.shape) != (ids.numel(),):
+            raise ValueError(f"ReducedVocabHead needs one bias entry per kept token: {ids.numel()} ids, "
+                             f"bias of shape {tuple(bias.shape)}.")
         self.weight = nn.Parameter(weight.detach().clone())
+        if bias is None:
+            self.register_parameter("bias", None)
+        else:
+            self.bias = nn.Parameter(bias.detach().to(device=weight.device, dtype=weight.dtype).clone())
         self.register_buffer("token_ids", ids.to(weight.device))
         self.vocab_size = int(vocab_size)
         self.softcap = softcap
@@ -76,7 +84,7 @@ class ReducedVocabHead(nn.Module):
 
     def kept_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits ``(..., N)`` of the kept tokens, in ``token_ids`` order (what distillation trains)."""
-        logits = F.linear(hidden, self.weight)
+        logits = F.linear(hidden, self.weight, self.bias)
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
@@ -88,7 +96,7 @@ class ReducedVocabHead(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"kept={self.num_kept}, vocab_size={self.vocab_size}, hidden={self.weight.shape[1]}, "
-                f"softcap={self.softcap}")
+                f"bias={self.bias is not None}, softcap={self.softcap}")
 
 
 def reduced_head(model: nn.Module) -> Optional[ReducedVocabHead]:
@@ -103,30 +111,39 @@ def _text_configs(model: nn.Module) -> list:
     return configs if text is model.config else configs + [text]
 
 
-def reduce_vocab(model: nn.Module, token_ids: Union[torch.Tensor, Sequence[int]]) -> nn.Module:
-    """Replace ``model``'s output layer (in place) by a ``ReducedVocabHead`` over ``token_ids``.
+def restrict_output_layer(model: nn.Module, token_ids: Union[torch.Tensor, Sequence[int]]) -> ReducedVocabHead:
+    """``model``'s output layer over ``token_ids`` only, as a ``ReducedVocabHead`` (the layer's dtype and device):
+    its rows, its bias's entries and its final soft-cap, so its kept logits are the model's at those ids.
 
-    The head starts from the current output rows of the kept tokens (a tied embedding is untied:
-    the input embedding stays full and unchanged). The model keeps the target's vocabulary size,
-    so it passes hf_specdec's vocabulary check and emits target ids. Returns ``model``.
+    The one place that slices an output layer: ``reduce_vocab``, draft heads and the evals' teachers
+    (distillation, head training) all start from it, so none drops the bias or the cap.
     """
-    if reduced_head(model) is not None:
-        raise ValueError(f"{type(model).__name__} already has a reduced output vocabulary; reduce the original model.")
     out = model.get_output_embeddings()
     if out is None or not isinstance(getattr(out, "weight", None), torch.Tensor):
         raise ValueError(f"{type(model).__name__} has no output layer with a weight (get_output_embeddings() is "
-                         f"{type(out).__name__}); reduce_vocab needs a causal LM with a linear output layer.")
-    if getattr(out, "bias", None) is not None:
-        raise ValueError(f"{type(model).__name__}'s output layer has a bias; reduce_vocab supports bias-free heads "
-                         "(Llama, Gemma, Qwen, Mistral, GPT-2).")
-    vocab = model.config.get_text_config().vocab_size
+                         f"{type(out).__name__}); a reduced vocabulary needs a causal LM with a linear output layer.")
+    text = model.config.get_text_config()
+    vocab = text.vocab_size
     if out.weight.shape[0] < vocab:
         raise ValueError(f"output layer has {out.weight.shape[0]} rows but the vocabulary has {vocab} tokens.")
     ids = check_token_ids(token_ids, vocab)
-    softcap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
+    at = ids.to(out.weight.device)
+    bias = getattr(out, "bias", None)
     with torch.no_grad():
-        rows = out.weight.index_select(0, ids.to(out.weight.device))
-    head = ReducedVocabHead(rows, ids, vocab, softcap)
+        rows, bias = out.weight.index_select(0, at), None if bias is None else bias.index_select(0, at)
+    return ReducedVocabHead(rows, ids, vocab, getattr(text, "final_logit_softcapping", None), bias)
+
+
+def reduce_vocab(model: nn.Module, token_ids: Union[torch.Tensor, Sequence[int]]) -> nn.Module:
+    """Replace ``model``'s output layer (in place) by a ``ReducedVocabHead`` over ``token_ids``.
+
+    The head starts from the current output rows (and bias entries) of the kept tokens (a tied embedding
+    is untied: the input embedding stays full and unchanged). The model keeps the target's vocabulary
+    size, so it passes hf_specdec's vocabulary check and emits target ids. Returns ``model``.
+    """
+    if reduced_head(model) is not None:
+        raise ValueError(f"{type(model).__name__} already has a reduced output vocabulary; reduce the original model.")
+    head = restrict_output_layer(model, token_ids)
     for config in _text_configs(model):
         config.tie_word_embeddings = False  # never re-tie: the head's weight is not the embedding
         if getattr(config, "final_logit_softcapping", None) is not None:

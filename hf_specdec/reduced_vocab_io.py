@@ -4,9 +4,11 @@
     draft = load_reduced_draft("runs/draft", target=target)
 
 Directory layout: ``model.safetensors`` (every weight, the kept token ids as the head's
-``lm_head.token_ids`` buffer), ``config.json`` (the draft's own config, vocabulary size =
-the target's), ``reduced_vocab.json`` (format, kept count, soft-capping, where the input
-embedding comes from), and the tokenizer when one is given.
+``lm_head.token_ids`` buffer, its bias as ``lm_head.bias`` where it has one: a file without
+that key, as every file written before heads had biases, loads as a bias-free head),
+``config.json`` (the draft's own config, vocabulary size = the target's), ``reduced_vocab.json``
+(format, kept count, soft-capping, where the input embedding comes from), and the tokenizer
+when one is given.
 
 Why the embedding may be left out: a draft built from its target copies the target's
 262k-row input embedding unchanged (frozen), which would be most of the file. Saved with
@@ -190,7 +192,8 @@ def load_reduced_draft(path: Union[str, Path], target: Optional[nn.Module] = Non
     if device is None:
         device = embedding.device if target is not None else "cpu"
     prefix = meta["head_key"]
-    head = ReducedVocabHead(state[f"{prefix}.weight"], state[f"{prefix}.token_ids"], vocab, meta["softcap"])
+    head = ReducedVocabHead(state[f"{prefix}.weight"], state[f"{prefix}.token_ids"], vocab, meta["softcap"],
+                            state.get(f"{prefix}.bias"))
     model = empty_reduced_model(config, head)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if k != emb_key]

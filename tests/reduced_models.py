@@ -27,6 +27,22 @@ def make_gemma(seed: int, vocab: int, softcap=None, sharpen: float = 4.0):
     return model
 
 
+def make_phi(seed: int, vocab: int, sharpen: float = 4.0):
+    """A random 2-layer Phi: its output layer has a bias (Phi-2 style), made random here (it starts at zero)."""
+    from transformers import PhiConfig, PhiForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = PhiConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0,
+                    bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    model = PhiForCausalLM(cfg).eval()
+    with torch.no_grad():
+        w, b = model.lm_head.weight, model.lm_head.bias
+        w.copy_(torch.randn_like(w) * w.std() * sharpen)
+        b.copy_(torch.randn_like(b))  # as large as the logits' spread: a dropped bias shows
+    return model
+
+
 def make_target(family: str, seed: int, vocab: int):
     return make_gemma(seed, vocab) if family == "gemma3" else make_model(family, seed=seed, vocab=vocab)
 

@@ -103,6 +103,29 @@ def test_draft_with_every_layer_is_the_target_on_the_kept_tokens(tmp_path):
     assert not torch.allclose(part[..., kept], want[..., kept], atol=1e-3)  # two layers are not four
 
 
+def test_teacher_and_draft_keep_a_target_output_bias(monkeypatch):
+    """A Phi-style target (its output layer has a bias): the teacher logits training reads, and those of a draft
+    with every layer, are the target's at the kept ids (fp32); a dropped bias misses by about 1."""
+    import types
+
+    import distill_model as dm
+    from reduced_models import make_phi
+
+    target = make_phi(seed=3, vocab=80).requires_grad_(False)
+    kept = torch.arange(0, 80, 3)
+    ids = torch.randint(3, 80, (1, 12), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want = target(ids).logits[..., kept]
+        draft = dm.draft_from_target(target, kept, [0, 1]).eval()
+        torch.testing.assert_close(draft(ids).logits[..., kept], want, rtol=1e-5, atol=1e-5)
+    seen, loss = [], dm.distill_loss
+    monkeypatch.setattr(dm, "distill_loss", lambda student, teacher: seen.append(teacher) or loss(student, teacher))
+    args = types.SimpleNamespace(lr=1e-3, seed=0, train_seconds=60.0, max_steps=1, warmup_steps=1, batch_size=1,
+                                 log_every_s=60.0)
+    assert dm.train(draft, target, kept, ids, args, torch.device("cpu"), None, print)["steps"] == 1
+    torch.testing.assert_close(seen[0], want, rtol=1e-6, atol=1e-6)
+
+
 def test_summary_prints_runner_figures_and_ideal_speedup():
     """The GPU-only lines (runner stage costs, ideal speedup) format without a GPU."""
     stages = {"target_step": 1.0, "draft_step": 0.2, "round": 2.0}

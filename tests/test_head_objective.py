@@ -12,7 +12,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "evals"))
 
 import hf_specdec  # noqa: E402
-from head_objective import head_loss, kept_output_layer, positions, target_outputs, unrolled_steps  # noqa: E402
+from head_objective import head_loss, positions, target_outputs, teacher_layer, unrolled_steps  # noqa: E402
 
 
 def tiny_gemma():
@@ -45,7 +45,7 @@ def test_loss_over_kept_logits_equals_the_full_vocabulary_one(kept):
     head = hf_specdec.DraftHead.for_target(target, kept_ids=None if kept is None else torch.tensor(kept))
     ids = torch.randint(1, 96, (3, 12), generator=torch.Generator().manual_seed(1))
     ctx = contextlib.nullcontext
-    layer = kept_output_layer(target, head)
+    layer = teacher_layer(target, head)
     assert (layer is None) == (kept is None)
     f, logits = target_outputs(target, ids, ctx, layer)
     f_full, full = target_outputs(target, ids, ctx)
@@ -60,6 +60,25 @@ def test_loss_over_kept_logits_equals_the_full_vocabulary_one(kept):
     assert torch.allclose(loss, ref, atol=1e-6)
     for g, r in zip(grads, ref_grads):
         assert torch.allclose(g, r, atol=1e-6)
+
+
+def test_a_target_output_bias_is_in_the_teacher_and_the_head(tmp_path):
+    """A Phi-style target (its output layer has a bias): the teacher's kept logits are the target's at the kept
+    ids (fp32), and the head's own output layer starts from the kept bias entries and keeps them through save /
+    load."""
+    from reduced_models import make_phi
+
+    target = make_phi(seed=4, vocab=96).requires_grad_(False)
+    head = hf_specdec.DraftHead.for_target(target, kept_ids=torch.tensor([5, 40, 2, 77, 13, 60, 61, 9]))
+    kept = head.lm_head.token_ids
+    ids = torch.randint(1, 96, (2, 10), generator=torch.Generator().manual_seed(4))
+    _, logits = target_outputs(target, ids, contextlib.nullcontext, teacher_layer(target, head))
+    with torch.no_grad():
+        torch.testing.assert_close(logits, target(ids).logits[..., kept], rtol=1e-6, atol=1e-6)
+    assert torch.equal(head.lm_head.bias, target.lm_head.bias[kept])
+    hf_specdec.save_draft_head(head, tmp_path / "head")
+    loaded = hf_specdec.load_draft_head(tmp_path / "head", target=target)
+    assert torch.equal(loaded.lm_head.bias, head.lm_head.bias)
 
 
 def sequential_step(head, ids, f, s, i):
@@ -95,7 +114,7 @@ def test_unrolled_loss_trains_and_one_step_is_the_plain_loss():
     head = hf_specdec.DraftHead.for_target(target, kept_ids=torch.arange(0, 96, 3))
     ids = torch.randint(1, 96, (3, 12), generator=torch.Generator().manual_seed(3))
     ctx = contextlib.nullcontext
-    f, logits = target_outputs(target, ids, ctx, kept_output_layer(target, head))
+    f, logits = target_outputs(target, ids, ctx, teacher_layer(target, head))
     one, _, _ = head_loss(head, ids, f, logits, 0.1, ctx)
     assert torch.allclose(one, reference_loss_kept(head, ids, f, logits, 0.1), atol=1e-6)
     three, feat, ce = head_loss(head, ids, f, logits, 0.1, ctx, steps=3)

@@ -8,11 +8,14 @@ from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, 
 from transformers.generation.logits_process import EtaLogitsWarper, TopPLogitsWarper, TypicalLogitsWarper
 
 import hf_specdec
-from hf_specdec.reduced_vocab import ReducedVocabHead, check_token_ids, fill_value, reduce_vocab, reduced_head
+from safetensors.torch import load_file
+
+from hf_specdec.reduced_vocab import (ReducedVocabHead, check_token_ids, fill_value, reduce_vocab, reduced_head,
+                                      restrict_output_layer)
 from hf_specdec.reduced_vocab_io import load_reduced_draft, save_reduced_draft
 from hf_specdec.round.logits.graph_logits import graph_safe_logits
 from models import left_padded_prompts
-from reduced_models import make_gemma, make_target, random_kept, reduced_copy
+from reduced_models import make_gemma, make_phi, make_target, random_kept, reduced_copy
 
 V, KEEP, K, MAX_NEW = 512, 128, 3, 13
 
@@ -122,14 +125,16 @@ def test_processed_draft_probabilities_are_zero_outside_the_kept_set(runner):
     torch.testing.assert_close(probs[:, kept].sum(-1), torch.ones(4))
 
 
-def test_head_compiles_once_for_every_row_count():
+@pytest.mark.parametrize("bias", [False, True])
+def test_head_compiles_once_for_every_row_count(bias):
     """The head is one graph (fullgraph) that later row counts reuse (dynamic shapes: no recompilation),
-    and computes what it computes eagerly."""
+    and computes what it computes eagerly (its bias too)."""
     import torch._dynamo
     from torch._dynamo.testing import CompileCounterWithBackend
 
     torch._dynamo.reset()
-    head = ReducedVocabHead(torch.randn(5, 8), torch.tensor([1, 4, 6, 7, 9]), 12, softcap=2.0)
+    head = ReducedVocabHead(torch.randn(5, 8), torch.tensor([1, 4, 6, 7, 9]), 12, softcap=2.0,
+                            bias=torch.randn(5) if bias else None)
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(head, backend=counter, fullgraph=True, dynamic=True)
     frames = []
@@ -188,3 +193,39 @@ def test_save_load_round_trip(targets, tmp_path):
         save_reduced_draft(target, tmp_path / "plain")
     with pytest.raises(FileNotFoundError, match="not a reduced-vocabulary draft"):
         load_reduced_draft(tmp_path / "nothing")
+
+
+def test_an_output_bias_is_kept_and_round_trips(tmp_path):
+    """A Phi-style output layer with a bias: the restricted layer and a reduced draft keep its kept entries, so
+    their logits are the target's at the kept ids (fp32); save / load keeps it (``lm_head.bias`` in the file)."""
+    target = make_phi(seed=5, vocab=64)
+    kept = torch.tensor([0, 1, 2, 7, 19, 33, 63])
+    ids = torch.randint(3, 64, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = target(ids).logits[..., kept]
+        kept_logits = restrict_output_layer(target, kept).kept_logits(target.model(ids).last_hidden_state)
+        draft = reduce_vocab(copy.deepcopy(target), kept)
+        torch.testing.assert_close(kept_logits, want, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(draft(ids).logits[..., kept], want, rtol=1e-6, atol=1e-6)
+    assert torch.equal(reduced_head(draft).bias, target.lm_head.bias[kept])
+    save_reduced_draft(draft, tmp_path / "phi", target=target)
+    assert "lm_head.bias" in load_file(str(tmp_path / "phi" / "model.safetensors"))
+    loaded = load_reduced_draft(tmp_path / "phi", target=target)
+    assert torch.equal(reduced_head(loaded).bias, reduced_head(draft).bias)
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, draft(ids).logits)
+    with pytest.raises(ValueError, match="one bias entry per kept token"):
+        ReducedVocabHead(torch.randn(3, 8), torch.tensor([1, 2, 3]), 8, bias=torch.randn(4))
+
+
+def test_a_file_without_a_bias_loads_bias_free(tmp_path):
+    """A bias-free head is saved as before heads had biases (no ``lm_head.bias`` key): such a file, old or new,
+    loads with no bias and the saved logits."""
+    draft = reduce_vocab(make_target("llama", seed=2, vocab=40), [0, 1, 2, 5, 9, 30])
+    save_reduced_draft(draft, tmp_path / "plain")
+    assert not [k for k in load_file(str(tmp_path / "plain" / "model.safetensors")) if k.endswith(".bias")]
+    loaded = load_reduced_draft(tmp_path / "plain")
+    assert reduced_head(loaded).bias is None
+    ids = torch.randint(3, 40, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, draft(ids).logits)
