@@ -11,6 +11,7 @@ import shutil
 import weakref
 
 import pytest
+import safetensors.torch
 import torch
 import torch._dynamo
 from torch._dynamo.backends.common import aot_autograd
@@ -138,3 +139,16 @@ def test_save_and_load_after_sharing(tmp_path):
     loaded = type(model).from_pretrained(tmp_path).eval()
     for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
         assert torch.equal(a, b), name
+    safetensors.torch.save_file(model.state_dict(), tmp_path / "raw.safetensors")
+    raw = safetensors.torch.load_file(tmp_path / "raw.safetensors")
+    assert all(torch.equal(raw[name], a) for name, a in model.state_dict().items())
+
+
+def test_a_model_first_met_without_compile_keeps_its_storage():
+    """A call that compiles nothing may have captured graphs on the weights' addresses: they never move."""
+    model = build_model("llama_gqa")
+    address = model.model.layers[0].self_attn.k_proj.weight.data_ptr()
+    shared = shared_projections(model, share=False)
+    assert not shared.groups and shared_projections(model) is shared
+    assert model.model.layers[0].self_attn.k_proj.weight.data_ptr() == address
+    assert shared.module_copy(model) is model

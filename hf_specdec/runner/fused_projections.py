@@ -9,9 +9,12 @@ kernels per layer 21.7 -> 15.7 and 18.4 -> 15.4.
 
 How, without changing what the user's model computes or how much memory it holds:
 
-- **Storage.** Each group's weights (and biases) are copied once into one tensor and the user's parameters
-  become views of its rows (``param.data = fused[a:b]``): the same values, the same Parameter objects, no
-  extra memory; ``state_dict``, ``save_pretrained`` and in-place loads see ordinary tensors.
+- **Storage.** At the first call that compiles (CUDA, ``compile`` not False), each group's weights (and
+  biases) are copied once into one tensor and the user's parameters become views of its rows
+  (``param.data = fused[a:b]``): the same values, the same Parameter objects, no extra memory. ``state_dict``,
+  ``torch.save``, ``save_pretrained`` and in-place loads see ordinary tensors. (``safetensors.torch.save_model``
+  refuses views of a storage that none of them covers; ``save_pretrained`` and
+  ``safetensors.torch.save_file(model.state_dict())`` save such a model.)
 - **A copy of the module path.** ``shared_projections(model).module_copy(model)``: a shallow structural
   copy in which each fused projection is a ``FusedSliceLinear`` computing ``linear(x, fused)[..., a:b]``
   (parameters, other modules and the config shared). The user's model keeps its ``nn.Linear`` modules: its
@@ -118,9 +121,9 @@ class _Group:
 class SharedProjections:
     """A model's fusable groups, their parameters views of fused tensors; ``module_copy()`` fuses them."""
 
-    def __init__(self, model: nn.Module):  # holds no reference to the model: it keys a weak dictionary
+    def __init__(self, model: Optional[nn.Module]):  # no reference to the model kept: it keys a weak dictionary
         self.groups: dict[tuple[int, tuple[str, ...]], _Group] = {}  # (id of the parent module, names)
-        for parent in model.modules():
+        for parent in model.modules() if model is not None else ():
             for names in GROUPS:
                 if _fusable(parent, names):
                     self.groups[(id(parent), names)] = _Group(parent, names)
@@ -162,12 +165,13 @@ class SharedProjections:
 _SHARED: "weakref.WeakKeyDictionary[nn.Module, SharedProjections]" = weakref.WeakKeyDictionary()
 
 
-def shared_projections(model: nn.Module) -> SharedProjections:
+def shared_projections(model: nn.Module, share: bool = True) -> SharedProjections:
     """The model's ``SharedProjections``, made on first use (before any graph captures its weights' addresses)
-    and repaired on later ones."""
+    and repaired on later ones. A model first met with ``share=False`` (a call that compiles nothing) keeps its
+    own storage for good: graphs may hold its addresses, so its compiled copy, if any, is not fused."""
     shared = _SHARED.get(model)
     if shared is None:
-        shared = _SHARED[model] = SharedProjections(model)
+        shared = _SHARED[model] = SharedProjections(model if share else None)
     else:
         shared.repair()
     return shared

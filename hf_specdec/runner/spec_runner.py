@@ -83,7 +83,7 @@ class SpecRunner:
         if spec.draft_model is not None:
             models[spec.draft_model] = self.draft
         for model in models.values():  # before any graph holds the addresses of the weights
-            shared_projections(model)
+            shared_projections(model, share=compile)
         self.head = spec.draft_model is not None and getattr(self.draft, "reads_target_hidden", False)
         if self.head:
             hidden, dtype = feature_layout(self.target)
