@@ -45,6 +45,19 @@ def test_compiled_in_a_thread_then_used_without_compiling_again(tmp_path):
     assert recorder.graphs == made, "the caller's shapes compiled again: the thread missed a shape family"
 
 
+def test_a_finished_compilation_costs_a_waiting_call_no_warmup(tmp_path, monkeypatch):
+    """SpecConfig(compile=True) waits for the compiled code; once it is there, a call's warm-up stays 0."""
+    from hf_specdec.runner import spec_runner
+
+    model = build_model("llama_gqa")
+    job = BackgroundCompile(model, 96, 4, backend=Recorder(), disk=CompileCache(tmp_path))
+    assert job.wait() and job.finished()
+    monkeypatch.setattr(spec_runner, "compile_job", lambda *args: job)
+    runner = spec_runner.SpecRunner(model, None)
+    assert runner._compiled_ready({"target": model}, 96, 4, 16, wait=True)
+    assert runner.warmup_seconds == 0.0
+
+
 def test_a_failed_compilation_is_reported_once_and_never_raised(tmp_path):
     model = build_model("llama_gqa")
 

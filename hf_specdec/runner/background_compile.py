@@ -104,6 +104,10 @@ class BackgroundCompile:
                           "skips the attempt.", RuntimeWarning, stacklevel=3)
         return self._done.is_set() and self.compiled is not None
 
+    def finished(self) -> bool:
+        """Compiled, or failed for good: waiting returns at once."""
+        return self._done.is_set()
+
     def wait(self) -> bool:
         """Compile now if nobody started to, else wait for the thread; then ``ready()``."""
         if self._thread is None and not self._done.is_set():
