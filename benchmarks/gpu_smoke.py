@@ -81,7 +81,7 @@ def main():
                     help="SpecConfig.cache_tokens that hold this many rows at once (0: unlimited): rows start in waves")
     args = ap.parse_args()
     assert torch.cuda.is_available()
-    ok = True
+    failures = []  # what failed, printed at the end
     for dtype in [getattr(torch, d) for d in args.dtypes.split(",")]:
         target, draft = build(dtype)
         for batch in [int(b) for b in args.batches.split(",")]:
@@ -117,14 +117,15 @@ def main():
                       f"second {times[1]:.3f}s (warm-up {warm[1]:.2f}s) sampled-acc "
                       f"{sampled.spec_metrics.acceptance_rate:.2f} [{sampled.spec_metrics.fast_path}] "
                       f"k {m.k_histogram}" + ("" if seeded is None else f" seeded-repeat {seeded}"), flush=True)
+                case = f"{str(dtype)} b={batch} {name}"
                 if dtype == torch.float32 and same < 1.0:
-                    ok = False
+                    failures.append(f"{case}: fp32 output differs from plain generate ({same:.3f} identical)")
                 if seeded is False:
-                    ok = False
+                    failures.append(f"{case}: seeded sampled calls disagree")
                 if any(r.spec_metrics.acceptance_rate > 1 or r.spec_metrics.match_fraction > 1 for r in (out, sampled)):
-                    ok = False  # the call's statistics lost part of its rounds (rows started in waves)
+                    failures.append(f"{case}: a rate above 1 (the call's statistics lost part of its rounds)")
                 if name in ("graphs", "compile") and warm[1] > 0:
-                    ok = False
+                    failures.append(f"{case}: the second call warmed up for {warm[1]:.2e} s")
             for name in {"graphs", "compile"} & set(args.paths.split(",")):  # back after other configurations
                 budget = args.cache_rows * (ids.shape[1] + 64 + 4 + 1) or None  # the same pool: graphs kept
                 spec = hf_specdec.SpecConfig(num_speculative_tokens=4, cache_tokens=budget, **PATHS[name])
@@ -133,9 +134,10 @@ def main():
                 print(f"{str(dtype):15s} b={batch:3d} {name:8s} again after the other paths: identical {same} "
                       f"warm-up {out.spec_metrics.warmup_seconds:.2f}s (kept graphs replay: 0)", flush=True)
                 if out.spec_metrics.warmup_seconds > 0 or (dtype == torch.float32 and not same):
-                    ok = False
-    print("OK" if ok else "FAILED")
-    sys.exit(0 if ok else 1)
+                    failures.append(f"{str(dtype)} b={batch} {name} again: warm-up "
+                                    f"{out.spec_metrics.warmup_seconds:.2e} s, identical {same}")
+    print("OK" if not failures else "FAILED\n" + "\n".join(failures))
+    sys.exit(0 if not failures else 1)
 
 
 if __name__ == "__main__":
