@@ -63,7 +63,6 @@ class _Group:
 
     def __init__(self, parent: nn.Module, names: tuple[str, ...]):
         self.linears = [getattr(parent, name) for name in names]
-        self.names = names
         self.weight, self.bias = _fused_storage(self.linears)
         self.copies = {}
         start = 0
@@ -103,8 +102,8 @@ class _Group:
     def repair(self) -> None:
         """Copy the parameters' current values into the fused tensors (in place when device and dtype still
         match, else new fused tensors) and make the parameters views again."""
-        weights = [linear.weight.detach() for linear in self.linears]
-        if weights[0].device != self.weight.device or weights[0].dtype != self.weight.dtype:
+        first = self.linears[0].weight
+        if first.device != self.weight.device or first.dtype != self.weight.dtype:
             self.weight, self.bias = _fused_storage(self.linears)
             for fused in self.copies.values():
                 fused.fused_weight, fused.fused_bias = self.weight, self.bias
