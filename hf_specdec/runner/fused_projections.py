@@ -78,26 +78,23 @@ class _Group:
             start = stop
         self._share()
 
-    def _rows(self):
+    def _pairs(self):
+        """(parameter, the rows of the fused tensor it is a view of) for every weight and bias of the group."""
         start = 0
         for linear in self.linears:
-            yield linear, start, start + linear.out_features
-            start += linear.out_features
+            stop = start + linear.out_features
+            yield linear.weight, self.weight[start:stop]
+            if self.bias is not None:
+                yield linear.bias, self.bias[start:stop]
+            start = stop
 
     def _share(self) -> None:
-        for linear, start, stop in self._rows():
-            linear.weight.data = self.weight[start:stop]
-            if self.bias is not None:
-                linear.bias.data = self.bias[start:stop]
+        for param, rows in self._pairs():
+            param.data = rows
 
     def intact(self) -> bool:
-        for linear, start, stop in self._rows():
-            pairs = [(linear.weight, self.weight)] + ([(linear.bias, self.bias)] if self.bias is not None else [])
-            for param, fused in pairs:
-                if (param.device != fused.device or param.dtype != fused.dtype
-                        or param.data_ptr() != fused[start:stop].data_ptr()):
-                    return False
-        return True
+        return all(param.device == rows.device and param.dtype == rows.dtype and param.data_ptr() == rows.data_ptr()
+                   for param, rows in self._pairs())
 
     def repair(self) -> None:
         """Copy the parameters' current values into the fused tensors (in place when device and dtype still
@@ -109,11 +106,9 @@ class _Group:
                 fused.fused_weight, fused.fused_bias = self.weight, self.bias
         else:
             with torch.no_grad():
-                for linear, start, stop in self._rows():
-                    if linear.weight.data_ptr() != self.weight[start:stop].data_ptr():
-                        self.weight[start:stop].copy_(linear.weight)
-                    if self.bias is not None and linear.bias.data_ptr() != self.bias[start:stop].data_ptr():
-                        self.bias[start:stop].copy_(linear.bias)
+                for param, rows in self._pairs():
+                    if param.data_ptr() != rows.data_ptr():
+                        rows.copy_(param)
         self._share()
 
 
