@@ -1,6 +1,6 @@
 """Kernels of a speculative round, each a Triton kernel beside a torch reference of the same signature.
 
-``rejection_sample``, ``typical_accept``, ``write_kv_to_slots`` and ``paged_attention`` call the
+``rejection_sample``, ``typical_accept``, ``write_kv_to_slots``, ``paged_attention`` and ``decode_linear`` call the
 custom ops of ``ops.py`` (``torch.ops.hf_specdec.*``): Triton on CUDA tensors, the reference
 elsewhere, one opaque node each under ``torch.compile``. The samplers' random numbers are drawn
 here, outside the ops (custom ops cannot take generators). Nothing here reads tensor values:
@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 import torch
 
 from . import ops
+from .decode_linear_reference import decode_linear_reference
 from .ngram_lookup import ngram_drafts, ngram_drafts_reference
 from .paged_attention_reference import paged_attention_reference, write_kv_to_slots_reference
 from .rejection_sampler_reference import PLACEHOLDER_TOKEN_ID, rejection_sample_reference
@@ -88,7 +89,15 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, query
     )
 
 
+def decode_linear(x, weight, bias=None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``; one half-precision row on a Hopper GPU runs ``decode_linear_triton``'s GEMV
+    where it beats cuBLAS."""
+    return ops.decode_linear_op(x, weight, bias)
+
+
 __all__ = [
+    "decode_linear",
+    "decode_linear_reference",
     "PLACEHOLDER_TOKEN_ID",
     "draw_acceptance_noise",
     "greedy_noise_placeholders",

@@ -1,4 +1,4 @@
-"""The four kernels as torch custom ops (namespace ``hf_specdec``), so that ``torch.compile`` calls them opaquely.
+"""The kernels as torch custom ops (namespace ``hf_specdec``), so that ``torch.compile`` calls them opaquely.
 
 Traced by dynamo, the Python launch wrappers would guard on every cache's strides and on
 module globals (``MAX_KV_SPLITS``, ``LAUNCH_OVERRIDE``) once per layer, break the graph at
@@ -23,6 +23,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
+from .decode_linear_reference import decode_linear_reference
 from .paged_attention_reference import paged_attention_reference, write_kv_to_slots_reference
 from .rejection_sampler_reference import rejection_sample_reference
 from .typical_acceptance_reference import typical_accept_reference
@@ -123,3 +124,14 @@ def paged_attention_op(
 def _(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, max_query_len, scale,
       sliding_window, softcap):
     return query.new_empty(query.shape)  # both implementations return a contiguous tensor
+
+
+@torch.library.custom_op("hf_specdec::decode_linear", mutates_args=())
+def decode_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    fn = _impl(x, "decode_linear_triton", "decode_linear_triton", decode_linear_reference)
+    return fn(x, weight, bias)
+
+
+@decode_linear_op.register_fake
+def _(x, weight, bias):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))

@@ -79,8 +79,8 @@ class BackgroundCompile:
         self.disk = disk if disk is not None else CompileCache()
         device = input_device(model)
         self.prewarm = prewarm if prewarm is not None else (device.type == "cuda" and backend == "inductor")
-        self.key = key or cache_key([model], extra=("compile_regions", "dynamic", "fused_projections", str(backend),
-                                                    SHAPES))
+        self.key = key or cache_key([model], extra=("compile_regions", "dynamic", "fused_projections", "decode_linear",
+                                                    str(backend), SHAPES))
         self.compiled = None
         self.error: Optional[str] = None
         self.prewarm_error: Optional[str] = None  # the separate process failed: this one compiled it all

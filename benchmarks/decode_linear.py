@@ -1,0 +1,114 @@
+"""Decode-shaped linear layers: the Triton kernel (``kernels/decode_linear_triton.py``) against cuBLAS (``F.linear``).
+
+For each weight of the 8B and 1B Llama shapes (q/k/v and gate/up fused, as the runner compiles them) and one
+row (a decode step at b = 1; more rows run ``F.linear`` itself), both are timed inside one CUDA graph of
+``--calls`` launches, rotating over enough weight copies that no launch finds its weight in L2 (as in a model,
+where every layer has its own). Prints us per call, the read rate (weight bytes / time) and cuBLAS /
+Triton. ``--sweep`` tries every configuration and keeps the best; else the table's own (``gemv_config``; where it
+has none, the "Triton" column is cuBLAS again, through ``decode_linear_triton``'s fallback).
+
+    python benchmarks/decode_linear.py --out decode_linear.json [--sweep]
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+
+import torch
+import torch.nn.functional as F
+
+from hf_specdec.kernels import decode_linear_triton as dl
+
+SHAPES = {  # name: (out features N, in features K)
+    "8b.qkv": (6144, 4096), "8b.o": (4096, 4096), "8b.gate_up": (28672, 4096), "8b.down": (4096, 14336),
+    "8b.lm_head": (128256, 4096),
+    "1b.qkv": (3072, 2048), "1b.o": (2048, 2048), "1b.gate_up": (16384, 2048), "1b.down": (2048, 8192),
+    "1b.lm_head": (128256, 2048), "1b.lm_head_32k": (32768, 2048),
+}
+SWEEP = {"block_n": (2, 4, 8, 16, 32), "block_k": (128, 256, 512, 1024), "num_warps": (2, 4, 8), "num_stages": (2, 4)}
+L2_CLEAR_BYTES = 256 << 20
+
+
+def graph_time_us(fn, weights, x, calls: int) -> float:
+    """us per call of ``fn(x, weight)`` over ``calls`` launches cycling through ``weights``, replayed in a graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for w in weights:
+            fn(x, w)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(x, weights[i % len(weights)])
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(5):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) * 1000 / calls)
+    return best
+
+
+def configs(sweep: bool):
+    if not sweep:
+        yield {}  # the table's own (gemv_config), or cuBLAS where the table has none
+        return
+    for values in itertools.product(*SWEEP.values()):
+        yield dict(zip(SWEEP, values))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", default="1")
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--calls", type=int, default=40)
+    parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    dtype, device = torch.bfloat16, torch.device("cuda")
+    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": str(dtype), "rows": []}
+    print(result["gpu"], result["torch"])
+    for name in args.shapes.split(","):
+        n, k = SHAPES[name]
+        copies = max(2, -(-L2_CLEAR_BYTES // (n * k * 2)))
+        weights = [torch.randn(n, k, dtype=dtype, device=device) / k ** 0.5 for _ in range(copies)]
+        for m in map(int, args.rows.split(",")):
+            x = torch.randn(m, k, dtype=dtype, device=device)
+            ref = F.linear(x, weights[0])
+            cublas = graph_time_us(lambda a, w: F.linear(a, w), weights, x, args.calls)
+            best = None
+            for cfg in configs(args.sweep):
+                dl.LAUNCH_OVERRIDE.clear()
+                dl.LAUNCH_OVERRIDE.update(cfg)
+                try:
+                    err = (dl.decode_linear_triton(x, weights[0], None).float() - ref.float()).abs().max().item()
+                    us = graph_time_us(lambda a, w: dl.decode_linear_triton(a, w, None), weights, x, args.calls)
+                except Exception as exc:  # noqa: BLE001  (a configuration out of resources: skip it)
+                    print(f"  {name} m={m} {cfg}: {type(exc).__name__}")
+                    continue
+                if best is None or us < best[0]:
+                    best = (us, dl.gemv_config(n, k, device), err)
+            dl.LAUNCH_OVERRIDE.clear()
+            gb = n * k * 2 / 1e9
+            row = {"shape": name, "n": n, "k": k, "rows": m, "cublas_us": cublas, "triton_us": best[0],
+                   "config": best[1], "max_abs_err": best[2], "cublas_tbs": gb / cublas * 1e3,
+                   "triton_tbs": gb / best[0] * 1e3, "cublas_over_triton": cublas / best[0]}
+            result["rows"].append(row)
+            print(f"{name:15s} m={m:2d} cublas {cublas:8.2f} us {row['cublas_tbs']:5.2f} TB/s | triton "
+                  f"{best[0]:8.2f} us {row['triton_tbs']:5.2f} TB/s | x{row['cublas_over_triton']:.2f} {best[1]}",
+                  flush=True)
+        del weights
+        torch.cuda.empty_cache()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""The decode GEMV (kernels/decode_linear_triton.py) against its reference, as a custom op, and in the CSE pass
+(CPU, TRITON_INTERPRET=1)."""
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+pytest.importorskip("triton")
+
+from hf_specdec.kernels import decode_linear, decode_linear_reference  # noqa: E402
+from hf_specdec.kernels import decode_linear_triton as dl  # noqa: E402
+from hf_specdec.runner.fused_projections import SharedMatmulCSE  # noqa: E402
+
+CONFIGS = [dict(block_n=2, block_k=512, num_warps=2, num_stages=4), dict(block_n=4, block_k=128, num_warps=4,
+                                                                          num_stages=2)]
+
+
+@pytest.fixture
+def launch(request):
+    dl.LAUNCH_OVERRIDE.update(request.param)
+    yield request.param
+    dl.LAUNCH_OVERRIDE.clear()
+
+
+@pytest.mark.parametrize("launch", CONFIGS, indirect=True)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n,k", [(37, 300), (64, 1024), (5, 129)])  # ragged n and k: the masks at both ends
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gemv_matches_reference(launch, dtype, n, k, with_bias):
+    gen = torch.Generator().manual_seed(n * k)
+    x = torch.randn(1, 1, k, generator=gen).to(dtype)  # (batch, tokens, hidden), as a decode step passes it
+    w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(dtype)
+    b = torch.randn(n, generator=gen).to(dtype) if with_bias else None
+    got = dl.decode_linear_triton(x, w, b)
+    want = F.linear(x.float(), w.float(), None if b is None else b.float())  # the exact sum, rounded once
+    assert got.shape == (1, 1, n) and got.dtype == dtype
+    ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10
+    torch.testing.assert_close(got.float(), want, rtol=ulp, atol=ulp)
+
+
+@pytest.mark.parametrize("launch", CONFIGS[:1], indirect=True)
+def test_gemv_reads_a_strided_row_and_weight_rows(launch):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 96, generator=gen).to(torch.bfloat16)[2:3, ::2]  # one row, stride 2
+    fused = torch.randn(30, 48, generator=gen).to(torch.bfloat16)
+    w = fused[10:20]  # rows of a fused weight, as FusedSliceLinear passes them
+    torch.testing.assert_close(dl.decode_linear_triton(x, w, None).float(), F.linear(x.float(), w.float()),
+                               rtol=2 ** -7, atol=2 ** -7)
+
+
+@pytest.mark.parametrize("shape,dtype", [((2, 64), torch.bfloat16), ((1, 3, 64), torch.bfloat16),
+                                         ((1, 64), torch.float32)])
+def test_other_rows_and_float32_run_linear_itself(shape, dtype):
+    """Several rows (a verify, a batch) or float32: ``F.linear`` exactly, never the GEMV."""
+    dl.LAUNCH_OVERRIDE.update(CONFIGS[0])  # the GEMV would be chosen if the shape allowed it
+    try:
+        x, w = torch.randn(shape).to(dtype), torch.randn(24, 64).to(dtype)
+        assert torch.equal(dl.decode_linear_triton(x, w, None), F.linear(x, w))
+    finally:
+        dl.LAUNCH_OVERRIDE.clear()
+
+
+def test_config_table_is_for_hopper_shapes_only(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    cpu = torch.device("cpu")
+    assert dl.gemv_config(4096, 4096, cpu) is not None  # 8B o_proj: the GEMV beat cuBLAS
+    assert dl.gemv_config(128256, 2048, cpu) is not None  # a 1B output layer
+    assert dl.gemv_config(28672, 4096, cpu) is None  # 8B gate/up: cuBLAS is as fast
+    assert dl.gemv_config(6144, 4096, cpu) is None  # 8B q/k/v: cuBLAS faster inside the step
+    assert dl.gemv_config(1024, 1024, cpu) is None  # smaller than any weight measured
+    assert dl.gemv_config(4096, 14336, cpu) is None  # 8B down_proj
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert dl.gemv_config(4096, 4096, cpu) is None  # not measured there: cuBLAS
+
+
+def test_op_schema_and_reference():
+    x, w, b = torch.randn(1, 16), torch.randn(8, 16), torch.randn(8)
+    torch.library.opcheck(torch.ops.hf_specdec.decode_linear.default, (x, w, b))
+    torch.library.opcheck(torch.ops.hf_specdec.decode_linear.default, (x, w, None))
+    assert torch.equal(decode_linear(x, w, b), decode_linear_reference(x, w, b))
+    assert torch.equal(decode_linear(x, w, b), F.linear(x, w, b))
+
+
+def test_cse_keeps_one_decode_linear_per_fused_weight():
+    """The three slices of a fused q/k/v group read one ``decode_linear`` of the same input and weight."""
+    def qkv(x, fused):
+        q = torch.ops.hf_specdec.decode_linear(x, fused, None)[..., :8]
+        k = torch.ops.hf_specdec.decode_linear(x, fused, None)[..., 8:12]
+        v = torch.ops.hf_specdec.decode_linear(x, fused, None)[..., 12:]
+        return q.sum() + k.sum() * 2 + v.sum() * 3
+
+    x, fused = torch.randn(1, 16), torch.randn(16, 16)
+    gm = make_fx(qkv)(x, fused)  # aten-level, as Inductor's post-grad passes see it
+    want = gm(x, fused)
+    calls = lambda: [n for n in gm.graph.nodes if n.target is torch.ops.hf_specdec.decode_linear.default]  # noqa: E731
+    assert len(calls()) == 3
+    SharedMatmulCSE()(gm.graph)
+    gm.recompile()
+    assert len(calls()) == 1
+    torch.testing.assert_close(gm(x, fused), want)
