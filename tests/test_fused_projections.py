@@ -20,6 +20,7 @@ from torch._inductor.utils import run_and_get_code
 from cache_models import build_model
 from compile_recorder import fresh_dynamo  # noqa: F401  (an autouse fixture)
 from hf_specdec.runner.compiled_regions import compile_model
+from hf_specdec.runner import fused_projections
 from hf_specdec.runner.fused_projections import FusedSliceLinear, SharedMatmulCSE, shared_projections
 
 IDS = torch.tensor([[5, 9, 17, 33, 2, 40, 11]])
@@ -71,14 +72,15 @@ class _MatmulCounter:
     """An aot backend that applies the CSE pass (or not) and counts the matmuls left in each graph."""
 
     def __init__(self, cse: bool):
-        self.cse, self.matmuls = cse, []
+        self.cse, self.matmuls, self.graphs = cse, [], []
 
     def compiler(self, gm, example_inputs):
         if self.cse:
             SharedMatmulCSE()(gm.graph)
             gm.recompile()
-        packets = {torch.ops.aten.mm, torch.ops.aten.addmm}
+        packets = {torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.hf_specdec.decode_linear}
         self.matmuls.append(sum(getattr(n.target, "overloadpacket", None) in packets for n in gm.graph.nodes))
+        self.graphs.append(gm.graph)
         return gm.forward
 
     def backend(self):
@@ -98,6 +100,41 @@ def test_compiled_copy_runs_one_matmul_per_group(family):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         counts[cse] = max(counter.matmuls)  # the decoder layer's graph (lm_head is a graph of its own)
     assert counts == {False: 7, True: 4}, counts  # q, k, v, o, gate, up, down -> qkv, o, gate/up, down
+
+
+@torch.no_grad()
+def test_compiled_copy_calls_decode_linear_where_it_applies(monkeypatch):
+    """Where ``uses_decode_linear`` holds (CUDA, inference), every projection of the copy calls the op: one call
+    per fused group (the CSE pass), o_proj, down_proj and the output layer; the user's modules stay nn.Linear."""
+    model = build_model("llama_gqa")
+    want = model(IDS).logits
+    monkeypatch.setattr(fused_projections, "uses_decode_linear", lambda weight: True)  # as on CUDA
+    counter = _MatmulCounter(cse=True)
+    got = compile_model(model, backend=counter.backend())(IDS).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert max(counter.matmuls) == 4 and 1 in counter.matmuls, counter.matmuls  # a layer's 4, the output layer's 1
+    mms = [n for graph in counter.graphs for n in graph.nodes
+           if getattr(n.target, "overloadpacket", None) in (torch.ops.aten.mm, torch.ops.aten.addmm)]
+    assert not mms, mms  # every matmul is a decode_linear call
+    copy = shared_projections(model).module_copy(model)
+    assert type(copy.model.layers[0].self_attn.o_proj) is fused_projections.DecodeLinear
+    assert type(copy.lm_head) is fused_projections.DecodeLinear and copy.lm_head.weight is model.lm_head.weight
+    assert type(model.model.layers[0].self_attn.o_proj) is torch.nn.Linear
+
+
+def test_hooked_or_subclassed_linears_are_not_copied():
+    model = build_model("llama_gqa")
+    hooked = model.model.layers[0].self_attn.o_proj
+    hooked.register_forward_pre_hook(lambda *a: None)
+
+    class Quantised(torch.nn.Linear):
+        pass
+
+    model.model.layers[1].mlp.down_proj.__class__ = Quantised
+    copy = shared_projections(model).module_copy(model)
+    assert copy.model.layers[0].self_attn.o_proj is hooked
+    assert type(copy.model.layers[1].mlp.down_proj) is Quantised
+    assert type(copy.model.layers[1].self_attn.o_proj) is fused_projections.DecodeLinear
 
 
 @pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="Inductor on CPU needs a C++ compiler")
@@ -151,4 +188,6 @@ def test_a_model_first_met_without_compile_keeps_its_storage():
     shared = shared_projections(model, share=False)
     assert not shared.groups and shared_projections(model) is shared
     assert model.model.layers[0].self_attn.k_proj.weight.data_ptr() == address
-    assert shared.module_copy(model) is model
+    copy = shared.module_copy(model)  # its projections unfused (each a DecodeLinear over the user's weight)
+    assert not any(isinstance(m, FusedSliceLinear) for m in copy.modules())
+    assert copy.model.layers[0].self_attn.k_proj.weight is model.model.layers[0].self_attn.k_proj.weight

@@ -46,8 +46,7 @@ def test_gemv_matches_reference(launch, dtype, n, k, with_bias):
 def test_gemv_reads_a_strided_row_and_weight_rows(launch):
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(4, 96, generator=gen).to(torch.bfloat16)[2:3, ::2]  # one row, stride 2
-    fused = torch.randn(30, 48, generator=gen).to(torch.bfloat16)
-    w = fused[10:20]  # rows of a fused weight, as FusedSliceLinear passes them
+    w = torch.randn(10, 64, generator=gen).to(torch.bfloat16)[:, :48]  # row stride 64, not K = 48
     torch.testing.assert_close(dl.decode_linear_triton(x, w, None).float(), F.linear(x.float(), w.float()),
                                rtol=2 ** -7, atol=2 ** -7)
 
@@ -64,6 +63,19 @@ def test_other_rows_and_float32_run_linear_itself(shape, dtype):
         dl.LAUNCH_OVERRIDE.clear()
 
 
+def test_strided_weight_or_bias_runs_linear_itself():
+    """A weight or bias with a stride along its last dimension: ``F.linear`` (no per-call copy of the weight)."""
+    dl.LAUNCH_OVERRIDE.update(CONFIGS[0])
+    try:
+        x = torch.randn(1, 32).to(torch.bfloat16)
+        w_t = torch.randn(32, 24).to(torch.bfloat16).t()  # (24, 32) with stride (1, 24)
+        assert torch.equal(dl.decode_linear_triton(x, w_t, None), F.linear(x, w_t))
+        w, b = torch.randn(24, 32).to(torch.bfloat16), torch.randn(48).to(torch.bfloat16)[::2]
+        assert torch.equal(dl.decode_linear_triton(x, w, b), F.linear(x, w, b))
+    finally:
+        dl.LAUNCH_OVERRIDE.clear()
+
+
 def test_config_table_is_for_hopper_shapes_only(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     cpu = torch.device("cpu")
@@ -71,7 +83,9 @@ def test_config_table_is_for_hopper_shapes_only(monkeypatch):
     assert dl.gemv_config(128256, 2048, cpu) is not None  # a 1B output layer
     assert dl.gemv_config(28672, 4096, cpu) is None  # 8B gate/up: cuBLAS is as fast
     assert dl.gemv_config(6144, 4096, cpu) is None  # 8B q/k/v: cuBLAS faster inside the step
-    assert dl.gemv_config(1024, 1024, cpu) is None  # smaller than any weight measured
+    assert dl.gemv_config(1024, 1024, cpu) is None  # not measured
+    assert dl.gemv_config(1024, 4096, cpu) is None  # an unfused 8B k_proj: not measured
+    assert dl.gemv_config(151936, 896, cpu) is None  # an output layer of a hidden size not measured
     assert dl.gemv_config(4096, 14336, cpu) is None  # 8B down_proj
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     assert dl.gemv_config(4096, 4096, cpu) is None  # not measured there: cuBLAS
@@ -102,3 +116,19 @@ def test_cse_keeps_one_decode_linear_per_fused_weight():
     gm.recompile()
     assert len(calls()) == 1
     torch.testing.assert_close(gm(x, fused), want)
+
+
+def test_cse_keeps_calls_on_other_weights_or_inputs_apart():
+    def three(x, y, w1, w2):
+        a = torch.ops.hf_specdec.decode_linear(x, w1, None)
+        b = torch.ops.hf_specdec.decode_linear(x, w2, None)  # another weight
+        c = torch.ops.hf_specdec.decode_linear(y, w1, None)  # another input
+        return a.sum() + b.sum() * 2 + c.sum() * 3
+
+    args = (torch.randn(1, 16), torch.randn(1, 16), torch.randn(8, 16), torch.randn(8, 16))
+    gm = make_fx(three)(*args)
+    want = gm(*args)
+    SharedMatmulCSE()(gm.graph)
+    gm.recompile()
+    assert sum(n.target is torch.ops.hf_specdec.decode_linear.default for n in gm.graph.nodes) == 3
+    torch.testing.assert_close(gm(*args), want)

@@ -2,8 +2,9 @@
 
 A decode step at b = 1 multiplies one row by each weight: a GEMV, bound by reading ``W`` once. For some
 shapes cuBLAS's kernel leaves part of an H100 idle (an 8B-shaped o_proj, 4096 x 4096, read at 2.0 TB/s with a
-split-K reduction after it, against 2.9 TB/s for gate/up). ``_gemv_kernel``: every program owns ``BLOCK_N`` rows of ``W`` and walks ``K`` in tiles
-of ``BLOCK_K`` (the contiguous axis, so loads are wide), each lane accumulating in float32:
+split-K reduction after it, against 2.9 TB/s for gate/up). ``_gemv_kernel``: every program owns ``BLOCK_N``
+rows of ``W`` and walks ``K`` in tiles of ``BLOCK_K`` (the contiguous axis, so loads are wide), each lane
+accumulating in float32:
 
     acc[n, j] += W[n, k0 + j] * x[k0 + j]     for k0 = 0, BLOCK_K, ...
     y[n]       = sum_j acc[n, j] + b[n]       (stored in x's dtype)
@@ -22,8 +23,8 @@ kernel beat cuBLAS on an H100 (``benchmarks/decode_linear.py``; it sweeps throug
 
 Elsewhere ``decode_linear_triton`` calls ``F.linear`` (cuBLAS) itself: gate/up, an 8B down_proj and a 32k-token
 output layer (0.96-1.01x at the sweep's best configuration, so no gain), 8B q/k/v (1.01x at its best, 0.84x at
-the o_proj configuration: inside the model's step 25 us against cuBLAS's 21), weights under 2048 x 2048 (not
-measured), other GPUs, several rows, float32.
+the o_proj configuration: inside the model's step 25 us against cuBLAS's 21), any shape not measured, other
+GPUs, several rows, float32, a weight or bias with a stride along its last dimension.
 """
 from __future__ import annotations
 
@@ -59,22 +60,29 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, N, K, stride_wn,
     tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=n_in)
 
 
+# (N, K) -> launch, for the weights measured on an H100 (benchmarks/decode_linear.py), where the GEMV won.
+_MEASURED = {
+    (4096, 4096): dict(block_n=4, block_k=512, num_warps=8, num_stages=2),  # 8B o_proj
+    (3072, 2048): dict(block_n=2, block_k=512, num_warps=2, num_stages=4),  # 1B q/k/v
+    (2048, 2048): dict(block_n=2, block_k=512, num_warps=2, num_stages=4),  # 1B o_proj
+    (2048, 8192): dict(block_n=4, block_k=1024, num_warps=4, num_stages=2),  # 1B down_proj
+}
+# An output layer over a large vocabulary (measured at 128256 tokens), by hidden size.
+_OUTPUT_LAYER = {
+    4096: dict(block_n=4, block_k=1024, num_warps=4, num_stages=4),
+    2048: dict(block_n=4, block_k=512, num_warps=2, num_stages=2),
+}
+
+
 def gemv_config(n: int, k: int, device: torch.device) -> Optional[dict]:
-    """The launch for an ``(n, k)`` weight where the kernel beat cuBLAS in a model's step (Hopper), else None."""
+    """The launch for an ``(n, k)`` weight where the kernel beat cuBLAS (measured on Hopper), else None."""
     if LAUNCH_OVERRIDE:
         return dict(LAUNCH_OVERRIDE)
     if torch.cuda.get_device_capability(device)[0] != 9:
         return None
-    if n >= 65536:  # an output layer over a large vocabulary
-        return dict(block_n=4, block_k=1024, num_warps=4, num_stages=4) if k >= 4096 else \
-            dict(block_n=4, block_k=512, num_warps=2, num_stages=2)
-    if n > 4096 or k > 8192 or n * k < 2048 * 2048:  # gate/up, 8B q/k/v and down_proj; smaller than measured
-        return None
-    if k >= 8192:
-        return dict(block_n=4, block_k=1024, num_warps=4, num_stages=2)
-    if n <= 3072:
-        return dict(block_n=2, block_k=512, num_warps=2, num_stages=4)
-    return dict(block_n=4, block_k=512, num_warps=8, num_stages=2)
+    if n >= 65536:
+        return _OUTPUT_LAYER.get(k)
+    return _MEASURED.get((n, k))
 
 
 def decode_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -82,15 +90,14 @@ def decode_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[t
     N, K = weight.shape
     rows = x.numel() // K if K else 0
     cfg = None
-    if rows == 1 and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype:
+    if (rows == 1 and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
+            and weight.stride(1) == 1 and (bias is None or bias.stride(0) == 1)):  # strided: cuBLAS reads it as is
         cfg = gemv_config(N, K, x.device)
     if cfg is None:
         return F.linear(x, weight, bias)
     x1 = x.reshape(K)
     if x1.stride(0) != 1:
         x1 = x1.contiguous()
-    if weight.stride(1) != 1:
-        weight = weight.contiguous()
     y = torch.empty(N, dtype=x.dtype, device=x.device)
     # Triton launches on the current device: a layer on another GPU (a split model) switches to its own.
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():

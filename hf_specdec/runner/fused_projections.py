@@ -19,9 +19,9 @@ How, without changing what the user's model computes or how much memory it holds
   copy in which each fused projection is a ``FusedSliceLinear`` computing ``linear(x, fused)[..., a:b]``
   (parameters, other modules and the config shared). The user's model keeps its ``nn.Linear`` modules: its
   own forward (and Hugging Face's compiled path on it) is unchanged. Only the runner's compiled regions run
-  the copy. On CUDA, the copy's projections (fused or not: ``DecodeLinear``) call ``kernels.decode_linear``,
-  which runs a GEMV for one row where it beat cuBLAS (8B shapes, H100: target step 6.41 -> 6.30 ms, 1B draft
-  step 1.54 -> 1.47 ms at b = 1) and ``F.linear`` otherwise.
+  the copy. On CUDA in inference, the copy's projections (fused or not: ``DecodeLinear``) call
+  ``kernels.decode_linear``, which runs a GEMV for one row where it beat cuBLAS (8B shapes, H100: target
+  step 6.41 -> 6.30 ms, 1B draft step 1.54 -> 1.47 ms at b = 1) and ``F.linear`` otherwise.
 - **One matmul.** The three slices of a group read the same input and the same fused weight (one buffer,
   deduplicated by Dynamo), so their three matmuls are identical; ``SharedMatmulCSE``, a post-grad pass
   given to Inductor, keeps one. Without the pass they would be computed three times.
@@ -59,7 +59,7 @@ class FusedSliceLinear(nn.Linear):
     fused_stop: int
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        linear = decode_linear if self.fused_weight.is_cuda else F.linear  # a device guard, the same for every layer
+        linear = decode_linear if uses_decode_linear(self.fused_weight) else F.linear
         return linear(x, self.fused_weight, self.fused_bias)[..., self.fused_start:self.fused_stop]
 
 
@@ -67,12 +67,20 @@ class DecodeLinear(nn.Linear):
     """A linear layer of the compiled copy through ``kernels.decode_linear`` (a GEMV where it beats cuBLAS)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return decode_linear(x, self.weight, self.bias)
+        linear = decode_linear if uses_decode_linear(self.weight) else F.linear
+        return linear(x, self.weight, self.bias)
+
+
+def uses_decode_linear(weight: torch.Tensor) -> bool:
+    """Whether the copy's projections call ``kernels.decode_linear``: on CUDA, in inference (the op has no
+    autograd formula, and under autocast its output dtype would not be the one its fake implementation
+    promises). Device, grad mode and autocast are global guards of the compiled layer, the same for every layer."""
+    return weight.is_cuda and not torch.is_grad_enabled() and not torch.is_autocast_enabled(weight.device.type)
 
 
 def _decode_copy(linear: nn.Linear) -> nn.Linear:
-    """``linear`` as a ``DecodeLinear`` sharing its parameters (a plain, unhooked one on CUDA only; else itself)."""
-    if type(linear) is not nn.Linear or not _plain([linear]) or not linear.weight.is_cuda:
+    """``linear`` as a ``DecodeLinear`` sharing its parameters (a plain, unhooked one; else itself)."""
+    if type(linear) is not nn.Linear or not _plain([linear]):
         return linear
     new = copy.copy(linear)
     new.__class__ = DecodeLinear
