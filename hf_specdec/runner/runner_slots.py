@@ -7,7 +7,9 @@ graphs when it comes back instead of capturing them again (which also made a con
 came back pay capture inside a call that was being timed).
 
 The graphs bake in the addresses of both caches' pools: when a pool moves (a resize, another block
-size) every slot is dropped. The least recently used slot goes once ``MAX_SLOTS`` are kept (each
+size) every slot is dropped. They (and the pools, made in the models' dtype on their device) also bake in
+the models' tensors: ``weights_signature`` is part of the key, and a model whose tensors moved
+(``model.double()``, ``load_state_dict(assign=True)``, ``model.to(device)``) drops every slot and the caches. The least recently used slot goes once ``MAX_SLOTS`` are kept (each
 holds graph memory on the device). The speculation-length policy's memory (round costs, the
 acceptance seen) is kept per (k, method, do_sample): it stays valid when only a shape grows.
 """
@@ -43,6 +45,7 @@ class RunnerKey:
     table_width: int
     vocab: int
     eos_width: int
+    weights: int  # weights_signature of the models: their tensors' addresses, dtypes and devices
 
 
 @dataclass
@@ -76,6 +79,22 @@ class RunnerSlots:
 
     def __len__(self) -> int:
         return len(self._slots)
+
+
+def weights_signature(models) -> int:
+    """A hash of every parameter's and buffer's (address, dtype, device) in ``models``: it changes when a
+    tensor gets new storage, which graphs captured on the old one would never see."""
+    return hash(tuple((_address(t), t.dtype, t.device) for model in models
+                      for tensors in (model.parameters(), model.buffers()) for t in tensors))
+
+
+def _address(t: torch.Tensor) -> int:
+    """Where ``t``'s data lives; a tensor subclass without storage of its own (DTensor, some quantised
+    weights) by the address of its local tensor, else by identity."""
+    try:
+        return getattr(t, "_local_tensor", t).data_ptr()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return id(t)
 
 
 def capacity(n: int, quantum: int) -> int:

@@ -31,7 +31,7 @@ from .fused_projections import shared_projections
 from .graphs import StageGraph
 from .paged_model import PagedModel, feature_layout
 from .prefill import FixedPrefill, eager_prefill
-from .runner_slots import RunnerKey, RunnerSlots, capacity
+from .runner_slots import RunnerKey, RunnerSlots, capacity, weights_signature
 
 CATCH_UP = 16  # tokens per row the draft model reads in one window after rounds of k = 0
 
@@ -94,14 +94,14 @@ class SpecRunner:
         key = RunnerKey(k, spec.do_sample, spec.acceptance, spec.method, spec.ngram_sizes, logits_signature,
                         spec.generator, graphs, compiled, block_size, pool_blocks,
                         max(capacity(batch.tokens.shape[1], 64), self.key.width if self.key else 0), table_width,
-                        vocab, eos_width(eos_ids))
+                        vocab, eos_width(eos_ids), weights_signature(models.values()))
         if key != self.key:
-            if self.key is not None and (key.block_size, key.pool_blocks) != (self.key.block_size,
-                                                                               self.key.pool_blocks):
-                self.slots.drop_all()  # the graphs kept bake in the pools' addresses
+            if self.key is not None and (key.block_size, key.pool_blocks, key.weights) != (
+                    self.key.block_size, self.key.pool_blocks, self.key.weights):
+                self.slots.drop_all()  # the graphs kept bake in the pools' and the weights' addresses
                 self.prefills.drop()
-                if key.block_size != self.key.block_size:
-                    self.caches.clear()
+                if (key.block_size, key.weights) != (self.key.block_size, self.key.weights):
+                    self.caches.clear()  # pools in the models' dtype, on their device
             for cache in self.caches.values():
                 if cache.num_blocks != pool_blocks:
                     cache.resize(pool_blocks)
