@@ -1,14 +1,20 @@
-"""A model changed between calls (``model.double()``, ``load_state_dict(assign=True)``): the next call runs on what
-the model is now, as a fresh process would. Graphs, prefill graphs and the paged caches hold the weights' addresses,
-dtype and device of the call that made them; the runner keys them on the models' tensors. CPU, runner without
-graphs (the caches are what carries over there)."""
+"""A model changed between calls (``model.double()``, ``load_state_dict(assign=True)``, a module replaced): the next
+call runs on what the model is now, as a fresh process would. Graphs, prefill graphs and the paged caches hold the
+weights' addresses, dtype and device of the call that made them, and a compiled copy holds the modules of its moment;
+the runner keys them on the models' modules and tensors. CPU: the runner without graphs (the caches are what carries
+over there), the fused projections and the compile job by themselves."""
 import copy
 
 import torch
 
 import hf_specdec
+from cache_models import build_model
 from hf_specdec.runner import runner_for
+from hf_specdec.runner.background_compile import compile_job
+from hf_specdec.runner.fused_projections import shared_projections
 from models import left_padded_prompts, make_draft, make_model
+
+IDS = torch.tensor([[5, 9, 17, 33, 2, 40, 11]])
 
 
 def _logits(target, draft):
@@ -45,3 +51,28 @@ def test_new_weights_by_assignment_are_read():
     fresh = hf_specdec.enable(copy.deepcopy(target))
     want = _logits(fresh, copy.deepcopy(draft))
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@torch.no_grad()
+def test_a_replaced_projection_is_fused_again():
+    """An adapter layer (here a new nn.Linear) in place of a fused k_proj: the compiled copy reads it, not the old."""
+    model = build_model("llama_gqa")
+    shared = shared_projections(model)
+    attn = model.model.layers[0].self_attn
+    new = torch.nn.Linear(attn.k_proj.in_features, attn.k_proj.out_features, bias=False)
+    attn.k_proj = new
+    again = shared_projections(model)
+    assert again is not shared
+    torch.testing.assert_close(again.module_copy(model)(IDS).logits, model(IDS).logits, rtol=1e-5, atol=1e-5)
+    assert new.weight.untyped_storage().data_ptr() == attn.q_proj.weight.untyped_storage().data_ptr()
+    assert shared_projections(model) is again
+
+
+def test_a_model_with_a_replaced_module_gets_a_new_compile_job():
+    model = build_model("llama_gqa")
+    job = compile_job(model, 96, 4, 16)
+    assert compile_job(model, 96, 4, 16) is job
+    model.lm_head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=False)
+    again = compile_job(model, 96, 4, 16)
+    assert again is not job and again.model is model
+    assert compile_job(model, 96, 4, 16) is again

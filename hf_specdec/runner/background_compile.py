@@ -39,6 +39,7 @@ from .compile_worker import compile_in_subprocess
 from .compiled_regions import compile_model
 from .graphs import CAPTURE_LOCK
 from .paged_model import PagedModel
+from .runner_slots import module_signature
 
 # (rows, tokens a row, last logits only, layout) as the runner's rounds call a model (round/fixed_round.py): the
 # token ids and positions are views of (rows, tokens) tables ("table": a verify, a draft's first step, a catch-up
@@ -56,10 +57,11 @@ _JOBS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {(v
 
 def compile_job(model: PreTrainedModel, vocab_size: int, block_size: int, table_width: int) -> "BackgroundCompile":
     """The process's one compilation of ``model``: every runner that uses it (with a draft, alone at k = 0, beside
-    another draft) shares the compiled code instead of compiling it again. Not started yet when new."""
+    another draft) shares the compiled code instead of compiling it again. Not started yet when new. A model whose
+    modules were replaced since (an adapter layer) gets a new one."""
     jobs = _JOBS.setdefault(model, {})
     job = jobs.get((vocab_size, block_size))
-    if job is None:
+    if job is None or job.modules != module_signature(model):  # new, or its copy holds replaced modules
         job = jobs[(vocab_size, block_size)] = BackgroundCompile(model, vocab_size, block_size,
                                                                  table_width=table_width)
     return job
@@ -75,6 +77,7 @@ class BackgroundCompile:
         ``table_width``: the runner's block tables' width: the kernels around the compiled regions then meet the
         real calls' shapes (their split-KV choice, Triton's integer specialisations) here, and JIT-compile here."""
         self.model, self.vocab_size, self.block_size, self.backend = model, vocab_size, block_size, backend
+        self.modules = module_signature(model)  # the modules its compiled copy will hold
         self.table_width = table_width
         self.disk = disk if disk is not None else CompileCache()
         device = input_device(model)

@@ -91,6 +91,7 @@ class _Group:
     """One fused group: the user's linear modules, their copies and the fused tensors."""
 
     def __init__(self, parent: nn.Module, names: tuple[str, ...]):
+        self.parent, self.names = weakref.ref(parent), names
         self.linears = [getattr(parent, name) for name in names]
         self.weight, self.bias = _fused_storage(self.linears)
         self.copies = {}
@@ -106,6 +107,12 @@ class _Group:
             self.copies[name] = fused
             start = stop
         self._share()
+
+    def attached(self) -> bool:
+        """The user's modules are still the parent's children (none was replaced, e.g. by an adapter layer)."""
+        parent = self.parent()
+        return parent is not None and all(getattr(parent, name, None) is linear
+                                          for name, linear in zip(self.names, self.linears))
 
     def _pairs(self):
         """(parameter, the rows of the fused tensor it is a view of) for every weight and bias of the group."""
@@ -191,8 +198,13 @@ _SHARED: "weakref.WeakKeyDictionary[nn.Module, SharedProjections]" = weakref.Wea
 def shared_projections(model: nn.Module, share: bool = True) -> SharedProjections:
     """The model's ``SharedProjections``, made on first use (before any graph captures its weights' addresses)
     and repaired on later ones. A model first met with ``share=False`` (a call that compiles nothing) keeps its
-    own storage for good: graphs may hold its addresses, so its compiled copy, if any, is not fused."""
+    own storage for good: graphs may hold its addresses, so its compiled copy, if any, is not fused. A group one of
+    whose modules was replaced (an adapter layer, a new ``nn.Linear``) makes every group again (new fused tensors:
+    the runner's ``models_signature`` changes, so its graphs are dropped)."""
     shared = _SHARED.get(model)
+    if shared is not None and not all(group.attached() for group in shared.groups.values()):
+        shared = None  # a module of a group was replaced: the groups are made again from the model as it is
+        share = True
     if shared is None:
         shared = _SHARED[model] = SharedProjections(model if share else None)
     else:

@@ -8,8 +8,9 @@ came back pay capture inside a call that was being timed).
 
 The graphs bake in the addresses of both caches' pools: when a pool moves (a resize, another block
 size) every slot is dropped. They (and the pools, made in the models' dtype on their device) also bake in
-the models' tensors: ``weights_signature`` is part of the key, and a model whose tensors moved
-(``model.double()``, ``load_state_dict(assign=True)``, ``model.to(device)``) drops every slot and the caches. The least recently used slot goes once ``MAX_SLOTS`` are kept (each
+the models' modules and tensors: ``models_signature`` is part of the key, and a model whose tensors moved
+(``model.double()``, ``load_state_dict(assign=True)``, ``model.to(device)``) or whose modules were replaced
+(an adapter layer) drops every slot and the caches. The least recently used slot goes once ``MAX_SLOTS`` are kept (each
 holds graph memory on the device). The speculation-length policy's memory (round costs, the
 acceptance seen) is kept per (k, method, do_sample): it stays valid when only a shape grows.
 """
@@ -45,7 +46,7 @@ class RunnerKey:
     table_width: int
     vocab: int
     eos_width: int
-    weights: int  # weights_signature of the models: their tensors' addresses, dtypes and devices
+    models: int  # models_signature: the models' modules and their tensors' addresses, dtypes and devices
 
 
 @dataclass
@@ -81,11 +82,18 @@ class RunnerSlots:
         return len(self._slots)
 
 
-def weights_signature(models) -> int:
-    """A hash of every parameter's and buffer's (address, dtype, device) in ``models``: it changes when a
-    tensor gets new storage, which graphs captured on the old one would never see."""
-    return hash(tuple((_address(t), t.dtype, t.device) for model in models
-                      for tensors in (model.parameters(), model.buffers()) for t in tensors))
+def models_signature(models) -> int:
+    """A hash of ``models``' modules and of every parameter's and buffer's (address, dtype, device): it changes
+    when a module is replaced or a tensor gets new storage, which graphs captured before would never see."""
+    return hash(tuple((module_signature(model), tuple((_address(t), t.dtype, t.device) for tensors in
+                                                      (model.parameters(), model.buffers()) for t in tensors))
+                      for model in models))
+
+
+def module_signature(model) -> int:
+    """A hash of the identities of ``model``'s modules: a compiled copy of the model holds the modules of its
+    moment, so a replaced one needs a new copy."""
+    return hash(tuple(map(id, model.modules())))
 
 
 def _address(t: torch.Tensor) -> int:

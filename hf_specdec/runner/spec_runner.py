@@ -31,7 +31,7 @@ from .fused_projections import shared_projections
 from .graphs import StageGraph
 from .paged_model import PagedModel, feature_layout
 from .prefill import FixedPrefill, eager_prefill
-from .runner_slots import RunnerKey, RunnerSlots, capacity, weights_signature
+from .runner_slots import RunnerKey, RunnerSlots, capacity, models_signature
 
 CATCH_UP = 16  # tokens per row the draft model reads in one window after rounds of k = 0
 
@@ -94,13 +94,13 @@ class SpecRunner:
         key = RunnerKey(k, spec.do_sample, spec.acceptance, spec.method, spec.ngram_sizes, logits_signature,
                         spec.generator, graphs, compiled, block_size, pool_blocks,
                         max(capacity(batch.tokens.shape[1], 64), self.key.width if self.key else 0), table_width,
-                        vocab, eos_width(eos_ids), weights_signature(models.values()))
+                        vocab, eos_width(eos_ids), models_signature(models.values()))
         if key != self.key:
-            if self.key is not None and (key.block_size, key.pool_blocks, key.weights) != (
-                    self.key.block_size, self.key.pool_blocks, self.key.weights):
-                self.slots.drop_all()  # the graphs kept bake in the pools' and the weights' addresses
+            if self.key is not None and (key.block_size, key.pool_blocks, key.models) != (
+                    self.key.block_size, self.key.pool_blocks, self.key.models):
+                self.slots.drop_all()  # the graphs kept bake in the pools' and the models' addresses
                 self.prefills.drop()
-                if (key.block_size, key.weights) != (self.key.block_size, self.key.weights):
+                if (key.block_size, key.models) != (self.key.block_size, self.key.models):
                     self.caches.clear()  # pools in the models' dtype, on their device
             for cache in self.caches.values():
                 if cache.num_blocks != pool_blocks:
@@ -368,10 +368,8 @@ class SpecRunner:
         """Every model of this call has its compiled code: started in the background the first time (or made
         now, ``wait``; that time counts as warm-up)."""
         ready = True
-        for name, model in models.items():
-            job = self.compiling.get(name)
-            if job is None:
-                job = self.compiling[name] = compile_job(model, vocab, block_size, table_width)
+        for name, model in models.items():  # asked each call: a model whose modules were replaced gets a new job
+            job = self.compiling[name] = compile_job(model, vocab, block_size, table_width)
             if wait and not job.finished():  # a finished job costs a call nothing: no warm-up to count
                 start = time.perf_counter()
                 job.wait()
