@@ -15,7 +15,8 @@ One run, the same prompts and the same max_new_tokens for every method:
 for greedy and sampling (temperature 1, top_k 0, top_p 1).  For each batch size b the prompts
 are the first n_b of the pool (n_b = max(b, --min-prompts) rounded up to a multiple of b), all
 left-padded to ONE length.  Each row: warm-up calls (not timed; rows on the runner also warm
-up every smaller bucket their rows shrink into), then --repeats timed passes over all batches;
+up every smaller bucket their rows shrink into, then pass over every batch again, up to --warm-passes
+times, while a pass still captured), then --repeats timed passes over all batches;
 tokens/s = generated tokens (up to and including EOS) / wall time, median over passes.
 Rows run in the order the final summary needs them (plain_compiled; fast and k=0; plain_eager;
 hf_assisted); rows not started within --deadline-s are skipped.
@@ -74,6 +75,8 @@ def parse_args(argv=None):
     p.add_argument("--k", default="4", help="num_speculative_tokens for hf_specdec, comma list for a sweep")
     p.add_argument("--assisted-sweep", default="4", help="constant num_assistant_tokens values ('' = none)")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--warm-passes", type=int, default=3, help="extra warm-up passes over every batch while the "
+                   "last one still captured or compiled (the adaptive k reaching a new (bucket, k) late)")
     p.add_argument("--no-compile", action="store_true", help="skip the static-cache + torch.compile baseline")
     p.add_argument("--force-compile", action="store_true",
                    help="auto-compile even on CPU (transformers compiles only on accelerators by default)")
@@ -152,6 +155,10 @@ def timed_method(call, batches, warmup_batches, args, device, tok, prompt_len):
     torch.manual_seed(args.seed)
     with Timer(device) as warm:
         warm_metrics = [spec_metrics_of(call(x)) for x in warmup_batches]
+        for _ in range(args.warm_passes):  # adaptive k meets new (bucket, k) pairs late: warm until none is captured
+            if not sum(m.get("warmup_seconds", 0.0) for m in warm_metrics[-len(batches):] if m):
+                break
+            warm_metrics += [spec_metrics_of(call(x)) for x in batches]
     times, tokens, outputs, timed_metrics = [], [], None, []
     for r in range(args.repeats):
         torch.manual_seed(args.seed + 1 + r)

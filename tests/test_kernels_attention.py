@@ -215,3 +215,78 @@ def test_prefill_queries_never_split(monkeypatch):
     assert seen == [1, 1, 1]
     _check(_paged_batch(gen, [5], [900], 4, 1, 32, 16, torch.float32), 0.2)  # a verify at batch 1
     assert seen[-1] > 1
+
+
+def _new_kv(gen, args, KVH, D, padding_rows=()):
+    """This step's keys and values ``(T, KVH, D)`` and their slots (-1 for every token of ``padding_rows``)."""
+    query, key_cache, _, block_tables, seq_lens, qsl, _ = args
+    T, block_size = query.shape[0], key_cache.shape[1]
+    key = torch.randn(T, KVH, D, generator=gen).to(query.dtype)
+    value = torch.randn(T, KVH, D, generator=gen).to(query.dtype)
+    slots = torch.empty(T, dtype=torch.long)
+    for b in range(len(seq_lens)):
+        s, e = int(qsl[b]), int(qsl[b + 1])
+        pos = torch.arange(int(seq_lens[b]) - (e - s), int(seq_lens[b]))
+        slots[s:e] = block_tables[b, pos // block_size].long() * block_size + pos % block_size
+        if b in padding_rows:
+            slots[s:e] = -1
+    return key, value, slots
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("qlens,ctx_lens,splits", [
+    ([1, 1, 1], [5, 17, 40], 1),  # decode
+    ([1, 1], [300, 70], 16),  # decode over long contexts: split-KV programs, only split 0 writes
+    ([5, 3, 1], [12, 30, 7], 1),  # a verify, ragged
+    ([5, 2], [260, 0], 16),  # a verify split over a long context, a row from position 0
+    ([40, 1, 5], [20, 33, 0], 1),  # a prompt chunk beside decode and verify rows (several query blocks)
+])
+@pytest.mark.parametrize("H,KVH", [(8, 2), (6, 2)])
+def test_write_and_attend_in_one_launch(dtype, qlens, ctx_lens, splits, H, KVH):
+    """The K/V write inside the attention's launch: the caches afterwards are the separate write's bit for bit and the
+    output is the write-then-attend reference's (this step's keys read from the inputs, older ones from the cache)."""
+    import hf_specdec.kernels.paged_attention_triton as pa
+    from hf_specdec.kernels import paged_attention_write_kv_reference
+
+    gen = torch.Generator().manual_seed(sum(qlens) * 7 + H + splits)
+    D = 16
+    args = _paged_batch(gen, qlens, ctx_lens, H, KVH, D, 4, dtype)
+    key, value, slots = _new_kv(gen, args, KVH, D)
+    query, kc, vc, bt, seq_lens, qsl, mq = args
+    old, pa.MAX_KV_SPLITS = pa.MAX_KV_SPLITS, splits
+    try:
+        for window, softcap in ((None, None), (7, 30.0)):
+            kc1, vc1, kc2, vc2 = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+            got = pa.paged_attention_write_kv_triton(query, key, value, kc1, vc1, slots, bt, seq_lens, qsl, mq,
+                                                     D ** -0.5, window, softcap)
+            want = paged_attention_write_kv_reference(query, key, value, kc2, vc2, slots, bt, seq_lens, qsl, mq,
+                                                      D ** -0.5, window, softcap)
+            assert torch.equal(kc1, kc2) and torch.equal(vc1, vc2)
+            assert not torch.equal(kc1, kc)  # something was written
+            tol = TOL[dtype]
+            torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+            # this step's keys come from the inputs, not from the slots (on a GPU the writes are not awaited):
+            # with nothing written, the output is still the written reference's
+            unwritten = pa.paged_attention_write_kv_triton(query, key, value, kc.clone(), vc.clone(),
+                                                           torch.full_like(slots, -1), bt, seq_lens, qsl, mq,
+                                                           D ** -0.5, window, softcap)
+            torch.testing.assert_close(unwritten.float(), want.float(), atol=tol, rtol=tol)
+    finally:
+        pa.MAX_KV_SPLITS = old
+
+
+def test_write_and_attend_skips_tokens_without_a_slot():
+    """A padding row (slots -1) writes nothing; the other rows' outputs and slots are the reference's."""
+    import hf_specdec.kernels.paged_attention_triton as pa
+    from hf_specdec.kernels import paged_attention_write_kv_reference
+
+    gen = torch.Generator().manual_seed(3)
+    args = _paged_batch(gen, [3, 3, 3], [10, 4, 21], 8, 2, 16, 4, torch.float32)
+    key, value, slots = _new_kv(gen, args, 2, 16, padding_rows=(1,))
+    query, kc, vc, bt, seq_lens, qsl, mq = args
+    kc1, vc1, kc2, vc2 = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+    got = pa.paged_attention_write_kv_triton(query, key, value, kc1, vc1, slots, bt, seq_lens, qsl, mq, 0.25)
+    want = paged_attention_write_kv_reference(query, key, value, kc2, vc2, slots, bt, seq_lens, qsl, mq, 0.25)
+    assert torch.equal(kc1, kc2) and torch.equal(vc1, vc2)
+    real = torch.tensor([True] * 3 + [False] * 3 + [True] * 3)
+    torch.testing.assert_close(got[real], want[real], atol=1e-4, rtol=1e-4)

@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from ..kernels import slots_of
 from .block_allocator import BlockAllocator, blocks_for
 
 
@@ -153,5 +154,4 @@ class PagedKVCache:
         """The flat pool slot of each token: row ``token_rows[t]`` of ``tables`` at position ``positions[t]``, the
         layout the attention kernels read (``tables[row, pos // block_size] * block_size + pos % block_size``).
         Device arithmetic only, so graphs capture it."""
-        bs = self.block_size
-        return tables.long()[token_rows, positions // bs] * bs + positions % bs
+        return slots_of(tables, token_rows, positions, self.block_size)

@@ -1,6 +1,7 @@
 """Kernels of a speculative round, each a Triton kernel beside a torch reference of the same signature.
 
-``rejection_sample``, ``typical_accept``, ``write_kv_to_slots``, ``paged_attention`` and ``decode_linear`` call the
+``rejection_sample``, ``typical_accept``, ``write_kv_to_slots``, ``paged_attention``, ``paged_attention_write_kv``,
+``decode_linear``, ``decode_linear_fused``, ``commit_round`` and ``step_metadata`` call the
 custom ops of ``ops.py`` (``torch.ops.hf_specdec.*``): Triton on CUDA tensors, the reference
 elsewhere, one opaque node each under ``torch.compile``. The samplers' random numbers are drawn
 here, outside the ops (custom ops cannot take generators). Nothing here reads tensor values:
@@ -13,11 +14,14 @@ from typing import Optional, Sequence
 import torch
 
 from . import ops
-from .decode_linear_reference import decode_linear_reference
+from .commit_reference import commit_reference
+from .decode_linear_reference import GATE_ACTS, decode_linear_fused_reference, decode_linear_reference
 from .ngram_lookup import ngram_drafts, ngram_drafts_reference
-from .paged_attention_reference import paged_attention_reference, write_kv_to_slots_reference
+from .paged_attention_reference import (paged_attention_reference, paged_attention_write_kv_reference,
+                                        write_kv_to_slots_reference)
 from .rejection_sampler_reference import PLACEHOLDER_TOKEN_ID, rejection_sample_reference
 from .sampling_noise import draw_acceptance_noise, greedy_noise_placeholders
+from .step_metadata_reference import slots_of, step_metadata_reference
 from .typical_acceptance_reference import typical_accept_reference
 
 
@@ -89,14 +93,54 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, query
     )
 
 
+def paged_attention_write_kv(query, key, value, key_cache, value_cache, slot_mapping, block_tables, seq_lens,
+                             query_start_loc, max_query_len, scale, sliding_window=None, softcap=None) -> torch.Tensor:
+    """``write_kv_to_slots`` then ``paged_attention``, in one launch on CUDA; every token with a slot (>= 0) must
+    belong to a sequence's query rows."""
+    return ops.paged_attention_write_kv_op(
+        query, key, value, key_cache, value_cache, slot_mapping, block_tables, seq_lens, query_start_loc,
+        _int(max_query_len), _float(scale), None if sliding_window is None else _int(sliding_window),
+        None if softcap is None else _float(softcap),
+    )
+
+
+def commit_round(emitted, accepted, hist, pads, length, gen, done, max_new, eos, counts, keep_out, accepted_out,
+                 stats, k: int) -> None:
+    """Append each live row's run (``emitted`` ``(B, k+1)``, ``accepted`` ``(B,)``) to ``hist`` up to its first EOS
+    and ``max_new``; advance ``length``, ``gen``, ``done``; write ``keep_out`` / ``accepted_out``; add the round's
+    five statistics (``stats``). One launch on CUDA (``commit_triton.py``); layout in ``commit_reference.py``."""
+    ops.commit_round_op(emitted, accepted, hist, pads, length, gen, done, max_new, eos, counts, keep_out,
+                        accepted_out, *stats, _int(k))
+
+
+def step_metadata(tables, positions, seq_lens, q: int, block_size: int):
+    """A fixed-shape forward's paged metadata, ``q`` tokens a row: ``(slots, query_start_loc, seq_lens as int32,
+    each row's last token)``; one launch on CUDA (``step_metadata_triton.py``)."""
+    return ops.step_metadata_op(tables, positions, seq_lens, _int(q), _int(block_size))
+
+
 def decode_linear(x, weight, bias=None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``; one half-precision row on a Hopper GPU runs ``decode_linear_triton``'s GEMV
     where it beats cuBLAS."""
     return ops.decode_linear_op(x, weight, bias)
 
 
+def decode_linear_fused(x, weight, bias=None, residual=None, gate_act: str = "") -> torch.Tensor:
+    """``residual + linear(act(gate) * up, weight, bias)`` for ``x = [gate, up]`` (``gate_act`` a key of
+    ``GATE_ACTS``; "" reads ``x`` as it is): a gated MLP's down projection and the residual add after it, one
+    launch for one half-precision row on a Hopper GPU (``decode_linear_triton``)."""
+    if gate_act not in ("", *GATE_ACTS):
+        raise ValueError(f"gate_act={gate_act!r}: use one of {['', *GATE_ACTS]}")
+    return ops.decode_linear_fused_op(x, weight, bias, residual, gate_act)
+
+
 __all__ = [
+    "commit_round",
+    "commit_reference",
+    "GATE_ACTS",
     "decode_linear",
+    "decode_linear_fused",
+    "decode_linear_fused_reference",
     "decode_linear_reference",
     "PLACEHOLDER_TOKEN_ID",
     "draw_acceptance_noise",
@@ -105,7 +149,12 @@ __all__ = [
     "ngram_drafts_reference",
     "paged_attention",
     "paged_attention_reference",
+    "paged_attention_write_kv",
+    "paged_attention_write_kv_reference",
     "rejection_sample",
+    "slots_of",
+    "step_metadata",
+    "step_metadata_reference",
     "rejection_sample_reference",
     "typical_accept",
     "typical_accept_reference",

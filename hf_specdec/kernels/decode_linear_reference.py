@@ -1,4 +1,5 @@
-"""Reference of ``decode_linear_triton``: the linear layer itself (what every device but CUDA runs)."""
+"""References of ``decode_linear_triton``: the linear layer itself (what every device but CUDA runs), and the
+same with a gated activation before it and a residual added after it (a gated MLP's down projection)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -6,7 +7,24 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+# Gated activations ``act(gate) * up`` the fused op computes before its matmul, by name (the op's ``gate_act``).
+GATE_ACTS = {
+    "silu": F.silu,
+    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+}
+
 
 def decode_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """``x W^T + b`` over the last dimension of ``x``."""
     return F.linear(x, weight, bias)
+
+
+def decode_linear_fused_reference(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                                  residual: Optional[torch.Tensor], gate_act: str) -> torch.Tensor:
+    """``residual + linear(act(gate) * up, W, b)`` where ``x = [gate, up]`` along its last dimension (``gate_act``
+    names ``act``; "" takes ``x`` as it is). Each step rounds to ``x``'s dtype, as the unfused modules do."""
+    if gate_act:
+        gate, up = x.chunk(2, dim=-1)
+        x = GATE_ACTS[gate_act](gate) * up
+    y = F.linear(x, weight, bias)
+    return y if residual is None else residual + y

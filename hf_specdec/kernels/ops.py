@@ -23,8 +23,11 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from .decode_linear_reference import decode_linear_reference
-from .paged_attention_reference import paged_attention_reference, write_kv_to_slots_reference
+from .commit_reference import commit_reference
+from .step_metadata_reference import step_metadata_reference
+from .decode_linear_reference import decode_linear_fused_reference, decode_linear_reference
+from .paged_attention_reference import (paged_attention_reference, paged_attention_write_kv_reference,
+                                        write_kv_to_slots_reference)
 from .rejection_sampler_reference import rejection_sample_reference
 from .typical_acceptance_reference import typical_accept_reference
 
@@ -126,6 +129,33 @@ def _(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, ma
     return query.new_empty(query.shape)  # both implementations return a contiguous tensor
 
 
+@torch.library.custom_op("hf_specdec::paged_attention_write_kv", mutates_args=("key_cache", "value_cache"))
+def paged_attention_write_kv_op(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    slot_mapping: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    query_start_loc: Tensor,
+    max_query_len: int,
+    scale: float,
+    sliding_window: Optional[int],
+    softcap: Optional[float],
+) -> Tensor:
+    fn = _impl(query, "paged_attention_triton", "paged_attention_write_kv_triton", paged_attention_write_kv_reference)
+    return fn(query, key, value, key_cache, value_cache, slot_mapping, block_tables, seq_lens, query_start_loc,
+              max_query_len, scale, sliding_window, softcap)
+
+
+@paged_attention_write_kv_op.register_fake
+def _(query, key, value, key_cache, value_cache, slot_mapping, block_tables, seq_lens, query_start_loc, max_query_len,
+      scale, sliding_window, softcap):
+    return query.new_empty(query.shape)
+
+
 @torch.library.custom_op("hf_specdec::decode_linear", mutates_args=())
 def decode_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     fn = _impl(x, "decode_linear_triton", "decode_linear_triton", decode_linear_reference)
@@ -135,3 +165,47 @@ def decode_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tenso
 @decode_linear_op.register_fake
 def _(x, weight, bias):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.custom_op("hf_specdec::decode_linear_fused", mutates_args=())
+def decode_linear_fused_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor],
+                           gate_act: str) -> Tensor:
+    fn = _impl(x, "decode_linear_triton", "decode_linear_fused_triton", decode_linear_fused_reference)
+    return fn(x, weight, bias, residual, gate_act)
+
+
+@decode_linear_fused_op.register_fake
+def _(x, weight, bias, residual, gate_act):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.custom_op("hf_specdec::commit_round", mutates_args=(
+    "hist", "length", "gen", "done", "keep_out", "accepted_out", "stat_rows", "stat_drafted", "stat_draft_tokens",
+    "stat_accepted", "stat_per_position"))
+def commit_round_op(emitted: Tensor, accepted: Tensor, hist: Tensor, pads: Tensor, length: Tensor, gen: Tensor,
+                    done: Tensor, max_new: Tensor, eos: Tensor, counts: Tensor, keep_out: Tensor, accepted_out: Tensor,
+                    stat_rows: Tensor, stat_drafted: Tensor, stat_draft_tokens: Tensor, stat_accepted: Tensor,
+                    stat_per_position: Tensor, k: int) -> None:
+    fn = _impl(hist, "commit_triton", "commit_triton", commit_reference)
+    fn(emitted, accepted, hist, pads, length, gen, done, max_new, eos, counts, keep_out, accepted_out,
+       (stat_rows, stat_drafted, stat_draft_tokens, stat_accepted, stat_per_position), k)
+
+
+@commit_round_op.register_fake
+def _(emitted, accepted, hist, pads, length, gen, done, max_new, eos, counts, keep_out, accepted_out, stat_rows,
+      stat_drafted, stat_draft_tokens, stat_accepted, stat_per_position, k):
+    return None
+
+
+@torch.library.custom_op("hf_specdec::step_metadata", mutates_args=())
+def step_metadata_op(tables: Tensor, positions: Tensor, seq_lens: Tensor, q: int,
+                     block_size: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    fn = _impl(tables, "step_metadata_triton", "step_metadata_triton", step_metadata_reference)
+    return fn(tables, positions, seq_lens, q, block_size)
+
+
+@step_metadata_op.register_fake
+def _(tables, positions, seq_lens, q, block_size):
+    B = tables.shape[0]
+    return (positions.new_empty(B * q, dtype=torch.long), tables.new_empty(B + 1, dtype=torch.int32),
+            tables.new_empty(B, dtype=torch.int32), positions.new_empty(B, dtype=torch.long))

@@ -117,26 +117,6 @@ def accept(s: BucketState, scores: torch.Tensor, spec: RoundSpec, k: int) -> tup
 
 def commit(s: BucketState, emitted: torch.Tensor, accepted: torch.Tensor, k: int) -> None:
     """Append each live row's run up to its first EOS and its max_new_tokens; update lengths,
-    done flags and the acceptance statistics."""
-    span = torch.arange(k + 1, device=emitted.device)
-    live = ~s.done
-    limit = torch.minimum(accepted + 1, s.max_new - s.gen)
-    is_eos = (emitted[:, :, None] == s.eos).any(-1) & (span < limit[:, None])
-    hit_eos = is_eos.any(1)
-    keep = torch.where(hit_eos, is_eos.int().argmax(1) + 1, limit)
-    keep = torch.where(live, keep, 0)
-    columns = (s.pads + s.length)[:, None] + span
-    old = s.hist.gather(1, columns)
-    s.hist.scatter_(1, columns, torch.where(span < keep[:, None], emitted, old))
-    s.keep.copy_(keep)
-    s.accepted.copy_(torch.where(live, accepted, 0))
-    s.gen.add_(keep)
-    s.length.add_(keep)
-    s.done.logical_or_(live & (hit_eos | (s.gen >= s.max_new)))
-    if k:
-        s.stat_rows.add_(live.sum())
-        drafted = live & (s.counts > 0)
-        s.stat_drafts.add_(drafted.sum())
-        s.stat_draft_tokens.add_(torch.where(live, s.counts, 0).sum())
-        s.stat_accepted.add_(torch.where(live, accepted, 0).sum())
-        s.stat_per_position[:k].add_(((accepted[:, None] > span[:k]) & live[:, None]).sum(0))
+    done flags and the acceptance statistics (one launch on CUDA: ``kernels.commit_round``)."""
+    kernels.commit_round(emitted, accepted, s.hist, s.pads, s.length, s.gen, s.done, s.max_new, s.eos, s.counts,
+                         s.keep, s.accepted, s.stats(), k)

@@ -42,10 +42,11 @@ def draft_token(s: BucketState, spec, logits: torch.Tensor, rows: torch.Tensor, 
                 j: int) -> torch.Tensor:
     """Draft ``j`` of every row from a model's logits ``(B, V)``: the call's processors (at history column
     ``end + j``), then argmax or a sample; written to ``s.hist``, ``s.drafts`` and (sampling) ``s.draft_probs``."""
-    scores = spec.logits(logits, s.hist, rows, end + j, batch_rows=s.batch_row,
+    column = end + j
+    scores = spec.logits(logits, s.hist, rows, column, batch_rows=s.batch_row,
                          live=~s.done if spec.logits.reads_live else None)
     tokens, probs = choose_tokens(scores, spec.do_sample, spec.generator)
-    s.hist.scatter_(1, (end + j)[:, None], tokens[:, None])
+    s.hist.scatter_(1, column[:, None], tokens[:, None])
     s.drafts[:, j] = tokens
     if probs is not None:
         s.draft_probs[:, j] = probs
@@ -70,9 +71,10 @@ class DraftModelProposer:
         input_ids = s.hist.gather(1, (end - 2)[:, None] + two).view(-1)
         s.counts.fill_(k)
         for j in range(k):
-            logits = draft.forward(input_ids, positions, s.draft_tables, s.length + j, 2 if j == 0 else 1, True)
+            lens = s.length + j  # this step's lengths, and the next step's positions
+            logits = draft.forward(input_ids, positions, s.draft_tables, lens, 2 if j == 0 else 1, True)
             tokens = draft_token(s, spec, logits, rows, end, j)
-            input_ids, positions = tokens, s.length + j
+            input_ids, positions = tokens, lens
 
     @staticmethod
     def catch_up(s: BucketState, draft: PagedModel, width: int, compiled: bool) -> None:

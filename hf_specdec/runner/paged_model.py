@@ -2,8 +2,8 @@
 
 With a fixed ``q`` per row, the ragged layout needs no host information at all: query
 offsets are ``arange * q``, the slot of each token comes from the row's block table and
-position, and the longest query is ``q``. So a forward is a pure function of device
-buffers, which is what a CUDA graph captures.
+position, and the longest query is ``q`` (``kernels.step_metadata``: one launch). So a forward
+is a pure function of device buffers, which is what a CUDA graph captures.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Callable, Optional
 import torch
 from transformers import PreTrainedModel
 
+from .. import kernels
 from ..cache import PagedBatch, PagedKVCache, paged_forward
 
 
@@ -37,13 +38,10 @@ class PagedModel:
         ``hidden`` (a target) or ``features`` ``(B*q, H)`` (a draft head): returns ``(logits, hidden states of every
         token (B*q, H))`` (``cache.paged_forward``). ``rows``: the token indices whose logits to compute instead."""
         B = tables.shape[0]
-        device = input_ids.device
-        token_rows = torch.arange(B, device=device)[:, None].expand(B, q).reshape(-1)
-        slots = self.cache.slot_mapping(tables, token_rows, positions)
-        query_start_loc = torch.arange(B + 1, device=device, dtype=torch.int32) * q
-        batch = PagedBatch(self.cache, tables, seq_lens.to(torch.int32), query_start_loc, slots, positions, q)
+        slots, query_start_loc, lens, last = kernels.step_metadata(tables, positions, seq_lens, q, self.cache.block_size)
+        batch = PagedBatch(self.cache, tables, lens, query_start_loc, slots, positions, q)
         if rows is None:
-            rows = torch.arange(B, device=device) * q + (q - 1) if last_only else torch.arange(B * q, device=device)
+            rows = last if last_only else torch.arange(B * q, device=input_ids.device)
         out = paged_forward(self.model, input_ids, batch, rows, None if eager else self.call, hidden, features)
         if isinstance(out, tuple):
             return align_vocab(out[0], self.vocab_size), out[1]
