@@ -236,3 +236,9 @@ def test_fold_leaves_other_adds_alone():
 
     assert linear in _fold(twice, x, w, r)
     assert add in _fold(lambda x, w: torch.ops.hf_specdec.decode_linear(x, w, None) + 1, x, w)
+
+    def doubled(x, w):
+        y = torch.ops.hf_specdec.decode_linear(x, w, None)
+        return y + y
+
+    assert add in _fold(doubled, x, w)  # the projection is not its own residual

@@ -54,12 +54,14 @@ def fold_residual_adds(graph: torch.fx.Graph) -> None:
         if add.target is not torch.ops.aten.add.Tensor or add.kwargs or len(add.args) != 2:
             continue
         for proj, residual in (add.args, add.args[::-1]):
-            if not (isinstance(proj, torch.fx.Node) and isinstance(residual, torch.fx.Node)
+            if not (isinstance(proj, torch.fx.Node) and isinstance(residual, torch.fx.Node) and proj is not residual
                     and len(proj.users) == 1 and _same_half_tensor(proj, residual, add)):
                 continue
-            if proj.target is linear:
+            if proj.kwargs:  # the wrappers pass every argument by position
+                continue
+            if proj.target is linear and len(proj.args) == 3:
                 args = (*proj.args, residual, "")
-            elif proj.target is fused and proj.args[3] is None:
+            elif proj.target is fused and len(proj.args) == 5 and proj.args[3] is None:
                 args = (*proj.args[:3], residual, proj.args[4])
             else:
                 continue
