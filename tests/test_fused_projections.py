@@ -129,7 +129,7 @@ def test_compiled_copy_calls_decode_linear_where_it_applies(monkeypatch):
 def test_gated_mlp_runs_its_activation_inside_the_down_projection(monkeypatch, family, act):
     """A gated MLP's copy computes ``act(gate) * up`` inside ``decode_linear_fused`` (no activation left in the
     layer's graph); in bfloat16 the pass folds a residual add that follows it too (Llama's and Qwen2's; Gemma 2
-    normalises the MLP's output first). The logits are the model's own."""
+    normalises the MLP's output first). The logits are the model's own up to the folded sums' single rounding."""
     model = build_model(family).to(torch.bfloat16)
     want = model(IDS).logits
     copy = shared_projections(model).module_copy(model)
@@ -146,7 +146,8 @@ def test_gated_mlp_runs_its_activation_inside_the_down_projection(monkeypatch, f
         return gm.forward
 
     got = compile_model(model, backend=aot_autograd(fw_compiler=compiler))(IDS).logits
-    torch.testing.assert_close(got, want, rtol=0, atol=0)  # the CPU reference computes what the modules do
+    # the CPU reference computes what the modules do, but for the folded residual sums rounding once (a few bf16 ulps)
+    torch.testing.assert_close(got.float(), want.float(), rtol=0.02, atol=0.07)
     fused = [n for g in graphs for n in g.nodes if n.target is torch.ops.hf_specdec.decode_linear_fused.default]
     assert {n.args[4] for n in fused} == {act, ""} if family != "gemma2_softcap_sliding" else {act}
     gated = [n for n in fused if n.args[4]]
@@ -172,6 +173,19 @@ def test_other_mlps_keep_their_own_forward():
     copy = shared_projections(model).module_copy(model)
     assert type(copy.model.layers[0].mlp) is ScaledMLP
     assert isinstance(copy.model.layers[1].mlp, fused_projections.GatedMLPCopy)
+    # a forward patched after a first copy (a library's kernels, a clamped activation) is judged again
+    cls = type(model.model.layers[1].mlp)
+    original = cls.forward
+    try:
+        cls.forward = lambda self, x: self.down_proj(self.act_fn(self.gate_proj(x)).clamp(max=1) * self.up_proj(x))
+        assert not isinstance(shared_projections(model).module_copy(model).model.layers[1].mlp,
+                              fused_projections.GatedMLPCopy)
+    finally:
+        cls.forward = original
+    assert isinstance(shared_projections(model).module_copy(model).model.layers[1].mlp, fused_projections.GatedMLPCopy)
+    model.model.layers[1].mlp.forward = lambda x: x  # patched on the instance
+    assert not isinstance(shared_projections(model).module_copy(model).model.layers[1].mlp,
+                          fused_projections.GatedMLPCopy)
 
 
 def test_hooked_or_subclassed_linears_are_not_copied():

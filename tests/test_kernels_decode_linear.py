@@ -205,13 +205,14 @@ def _fold(fn, *args):
     fold_residual_adds(gm.graph)
     gm.recompile()
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
-    torch.testing.assert_close(gm(*args), want)
+    torch.testing.assert_close(gm(*args), want, rtol=2 ** -7, atol=2 ** -6)  # half: the folded sum rounds once
     return targets
 
 
 def test_fold_takes_the_residual_add_into_the_projection():
-    x, w, r = torch.randn(1, 16).to(torch.bfloat16), torch.randn(8, 16).to(torch.bfloat16), torch.randn(1, 8)
-    r = r.to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(1, 16, generator=gen).to(torch.bfloat16), torch.randn(8, 16, generator=gen).to(torch.bfloat16)
+    r = torch.randn(1, 8, generator=gen).to(torch.bfloat16)
     fused = torch.ops.hf_specdec.decode_linear_fused.default
     targets = _fold(lambda x, w, r: r + torch.ops.hf_specdec.decode_linear(x, w, None), x, w, r)
     assert targets == [fused]
@@ -220,8 +221,9 @@ def test_fold_takes_the_residual_add_into_the_projection():
 
 
 def test_fold_leaves_other_adds_alone():
-    x, w = torch.randn(1, 16).to(torch.bfloat16), torch.randn(8, 16).to(torch.bfloat16)
-    r = torch.randn(1, 8).to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(1)
+    x, w = torch.randn(1, 16, generator=gen).to(torch.bfloat16), torch.randn(8, 16, generator=gen).to(torch.bfloat16)
+    r = torch.randn(1, 8, generator=gen).to(torch.bfloat16)
     linear = torch.ops.hf_specdec.decode_linear.default
     add = torch.ops.aten.add.Tensor
     # float32: the add stays its own rounding step

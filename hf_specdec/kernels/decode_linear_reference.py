@@ -22,9 +22,13 @@ def decode_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: Optiona
 def decode_linear_fused_reference(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                                   residual: Optional[torch.Tensor], gate_act: str) -> torch.Tensor:
     """``residual + linear(act(gate) * up, W, b)`` where ``x = [gate, up]`` along its last dimension (``gate_act``
-    names ``act``; "" takes ``x`` as it is). Each step rounds to ``x``'s dtype, as the unfused modules do."""
+    names ``act``; "" takes ``x`` as it is). The activation rounds to ``x``'s dtype as the unfused modules do; in
+    half precision without a bias, ``residual + x W^T`` rounds once (as ``torch.addmm(residual, x, W^T)`` does on a
+    GPU), else the linear layer's output rounds before the add."""
     if gate_act:
         gate, up = x.chunk(2, dim=-1)
         x = GATE_ACTS[gate_act](gate) * up
+    if residual is not None and bias is None and x.dtype in (torch.bfloat16, torch.float16):
+        return (residual.float() + F.linear(x.float(), weight.float())).to(x.dtype)
     y = F.linear(x, weight, bias)
     return y if residual is None else residual + y

@@ -11,8 +11,9 @@ accumulating in float32:
 
 A gated MLP's down projection takes two more steps into the same launch (``decode_linear_fused_triton``): the
 row is read as ``[gate, up]`` and ``act(gate) * up`` is computed per tile as it is loaded (the activation kernel
-before it goes), and the layer's residual is added to ``y`` before the store (the add kernel after it goes). Each
-step rounds to the row's dtype where the unfused modules round, so the result is the unfused layer's.
+before it goes), and the layer's residual is added to ``y`` before the store (the add kernel after it goes). The
+activation rounds where the unfused modules round; the residual's sum rounds once (twice after a bias), as cuBLAS's
+``addmm`` rounds it where several rows run, so both paths agree (``decode_linear_fused_reference``).
 
 Grid ``(cdiv(N, BLOCK_N),)`` with ``BLOCK_N`` of 2-4: even a 2048-row weight spreads over every SM. ``N`` and
 ``K`` are runtime ints; the launch configuration comes from ``gemv_config``, a table of the shapes where the
@@ -53,9 +54,9 @@ def _gated(g, u, dtype: tl.constexpr, GATE_ACT: tl.constexpr):
     g = g.to(tl.float32)
     if GATE_ACT == 1:  # silu
         a = g / (1.0 + tl.exp(-g))
-    else:  # gelu, tanh approximation; tanh(z) = 1 - 2 / (exp(2z) + 1)
+    else:  # gelu, tanh approximation: 0.5 g (1 + tanh(z)) = g / (1 + exp(-2z)), with no cancellation for g < 0
         z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
-        a = 0.5 * g * (2.0 - 2.0 / (tl.exp(2.0 * z) + 1.0))
+        a = g / (1.0 + tl.exp(-2.0 * z))
     return (a.to(dtype).to(tl.float32) * u.to(tl.float32)).to(dtype).to(tl.float32)
 
 
@@ -82,8 +83,10 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, residual_ptr, y_ptr, N, K, stride_wn,
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(bias_ptr + rn, mask=n_in, other=0.0).to(tl.float32)
-    if HAS_RESIDUAL:  # the linear's output rounds first, as the unfused add reads it
-        y = y.to(y_ptr.dtype.element_ty).to(tl.float32) + tl.load(residual_ptr + rn, mask=n_in, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:  # the sum rounds once, as cuBLAS's addmm rounds it; after a bias, as linear then add do
+        if HAS_BIAS:
+            y = y.to(y_ptr.dtype.element_ty).to(tl.float32)
+        y += tl.load(residual_ptr + rn, mask=n_in, other=0.0).to(tl.float32)
     tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=n_in)
 
 

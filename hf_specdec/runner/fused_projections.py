@@ -95,20 +95,23 @@ _GATED_FORWARDS = {  # a gated MLP's forward, whitespace removed (Llama, Mistral
     "defforward(self,x):down_proj=self.down_proj(self.act_fn(self.gate_proj(x))*self.up_proj(x))returndown_proj",
     "defforward(self,x):returnself.down_proj(self.act_fn(self.gate_proj(x))*self.up_proj(x))",
 }
-_GATED_CLASSES: dict[type, Optional[type]] = {}
+_GATED_CLASSES: dict[tuple, Optional[type]] = {}
 
 
 def _gated_copy_class(module: nn.Module) -> Optional[type]:
-    """``GatedMLPCopy`` over ``module``'s class when its forward is the gated MLP's, else None (once per class)."""
+    """``GatedMLPCopy`` over ``module``'s class when its forward is the gated MLP's, else None (once per class and
+    forward: a forward patched later, or on the instance, is judged again)."""
     cls = type(module)
-    if cls not in _GATED_CLASSES:
+    forward = getattr(module.forward, "__func__", module.forward)
+    key = (cls, forward)
+    if key not in _GATED_CLASSES:
         try:
-            source = re.sub(r"\s+", "", inspect.getsource(cls.forward))
+            source = re.sub(r"\s+", "", inspect.getsource(forward))
         except (OSError, TypeError):
             source = ""
-        _GATED_CLASSES[cls] = (type(f"GatedMLPCopy[{cls.__name__}]", (GatedMLPCopy, cls), {})
-                               if source in _GATED_FORWARDS else None)
-    return _GATED_CLASSES[cls]
+        _GATED_CLASSES[key] = (type(f"GatedMLPCopy[{cls.__name__}]", (GatedMLPCopy, cls), {})
+                               if source in _GATED_FORWARDS and "forward" not in vars(module) else None)
+    return _GATED_CLASSES[key]
 
 
 def _gate_act(act_fn) -> Optional[str]:
