@@ -5,8 +5,9 @@ of one, per-token ``position_ids`` and a ``PagedBatch`` under the forward keywor
 ``PAGED_BATCH_KWARG``; transformers hands that keyword to every attention layer. For
 the duration of that call only, the model's configs name ``ATTN_NAME`` as their
 attention implementation. The function writes the layer's new, already rotated K/V
-into their slots and attends each query (one launch: ``kernels.paged_attention_write_kv``) to its own sequence's cached keys (causal,
-sliding window, soft-capping and scaling as the layer passes them). transformers
+into their slots and attends each query to its own sequence's cached keys in one launch
+(``kernels.paged_attention_write_kv``: causal, sliding window, soft-capping and scaling as the
+layer passes them). transformers
 builds no mask for a name it has no mask function for, so a paged forward costs no
 mask construction (and no host synchronisation for packed-sequence detection).
 

@@ -14,6 +14,13 @@ GATE_ACTS = {
 }
 
 
+def gated_input(x: torch.Tensor, gate_act: str) -> torch.Tensor:
+    """``act(gate) * up`` for ``x = [gate, up]`` along its last dimension, in ``x``'s dtype as the modules
+    compute it."""
+    gate, up = x.chunk(2, dim=-1)
+    return GATE_ACTS[gate_act](gate) * up
+
+
 def decode_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """``x W^T + b`` over the last dimension of ``x``."""
     return F.linear(x, weight, bias)
@@ -26,8 +33,7 @@ def decode_linear_fused_reference(x: torch.Tensor, weight: torch.Tensor, bias: O
     half precision without a bias, ``residual + x W^T`` rounds once (as ``torch.addmm(residual, x, W^T)`` does on a
     GPU), else the linear layer's output rounds before the add."""
     if gate_act:
-        gate, up = x.chunk(2, dim=-1)
-        x = GATE_ACTS[gate_act](gate) * up
+        x = gated_input(x, gate_act)
     if residual is not None and bias is None and x.dtype in (torch.bfloat16, torch.float16):
         return (residual.float() + F.linear(x.float(), weight.float())).to(x.dtype)
     y = F.linear(x, weight, bias)

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .decode_linear_reference import GATE_ACTS
+from .decode_linear_reference import gated_input
 
 # Tuning knobs for benchmarks/decode_linear.py's sweep: {"block_n", "block_k", "num_warps", "num_stages"}.
 LAUNCH_OVERRIDE: dict = {}
@@ -169,8 +169,7 @@ def gated_activation(x: torch.Tensor, gate_act: str) -> torch.Tensor:
     it before the activation moved into the op), torch's own ops elsewhere (float32 exactly as the module)."""
     K = x.shape[-1] // 2
     if not x.is_cuda or x.numel() == 0 or x.dtype not in (torch.bfloat16, torch.float16):
-        gate, up = x.chunk(2, dim=-1)
-        return GATE_ACTS[gate_act](gate) * up
+        return gated_input(x, gate_act)
     x2 = x.reshape(-1, 2 * K)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()

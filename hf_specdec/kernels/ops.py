@@ -24,11 +24,11 @@ import torch
 from torch import Tensor
 
 from .commit_reference import commit_reference
-from .step_metadata_reference import step_metadata_reference
 from .decode_linear_reference import decode_linear_fused_reference, decode_linear_reference
 from .paged_attention_reference import (paged_attention_reference, paged_attention_write_kv_reference,
                                         write_kv_to_slots_reference)
 from .rejection_sampler_reference import rejection_sample_reference
+from .step_metadata_reference import step_metadata_reference
 from .typical_acceptance_reference import typical_accept_reference
 
 

@@ -191,7 +191,7 @@ def _paged_attention_kernel(
             k_ok = k_pos < hi
             blk = tl.load(bt_row + k_pos // block_size, mask=k_ok, other=0).to(tl.int64)
             off = (k_pos % block_size).to(tl.int64)
-            kv_mask = (k_ok & (k_pos < ctx_len))[:, None] & d_ok[None, :] if NEW_KV else k_ok[:, None] & d_ok[None, :]
+            kv_mask = ((k_ok & (k_pos < ctx_len)) if NEW_KV else k_ok)[:, None] & d_ok[None, :]
             k = tl.load(k_cache_ptr + (blk * stride_kc_blk + off * stride_kc_pos + kv_head * stride_kc_h)[:, None]
                         + d[None, :], mask=kv_mask, other=0.0)
             v = tl.load(v_cache_ptr + (blk * stride_vc_blk + off * stride_vc_pos + kv_head * stride_vc_h)[:, None]

@@ -1,8 +1,9 @@
 """The paged metadata of a fixed-shape forward in one launch: ``step_metadata_reference``'s outputs.
 
 Five to ten small kernels in torch (row of each token, block index, gather, multiply, remainder, the offsets)
-become one launch: program ``p`` writes tokens ``p * BLOCK ...`` and the rows of the same indices. Positions divide as torch's do
-(floor division; a negative block index counts from the table's end), so every slot is the reference's.
+become one launch: program ``p`` writes tokens ``p * BLOCK ...`` and the rows of the same indices. Positions
+divide as torch's do (floor division; a negative block index counts from the table's end), so every slot is the
+reference's.
 """
 from __future__ import annotations
 

@@ -38,7 +38,8 @@ class PagedModel:
         ``hidden`` (a target) or ``features`` ``(B*q, H)`` (a draft head): returns ``(logits, hidden states of every
         token (B*q, H))`` (``cache.paged_forward``). ``rows``: the token indices whose logits to compute instead."""
         B = tables.shape[0]
-        slots, query_start_loc, lens, last = kernels.step_metadata(tables, positions, seq_lens, q, self.cache.block_size)
+        block_size = self.cache.block_size
+        slots, query_start_loc, lens, last = kernels.step_metadata(tables, positions, seq_lens, q, block_size)
         batch = PagedBatch(self.cache, tables, lens, query_start_loc, slots, positions, q)
         if rows is None:
             rows = last if last_only else torch.arange(B * q, device=input_ids.device)
