@@ -8,21 +8,21 @@ Triton. ``--sweep`` tries every configuration and keeps the best; else the table
 has none, the "Triton" column is cuBLAS again, through ``decode_linear_triton``'s fallback).
 
     python benchmarks/decode_linear.py --out decode_linear.json [--sweep]
-
-``--fused``: the down and o projections as a decoder layer runs them, in one launch (``decode_linear_fused``: the
-gated activation read with the row, the residual added before the store) against three (the activation, the
-projection, the add), at 1 and 32 rows; the largest difference from the unfused result in units of bf16's epsilon.
-
+"""
 from __future__ import annotations
 
 import argparse
 import itertools
 import json
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
 
-from hf_specdec.kernels import decode_linear_triton as dl
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script from anywhere
+
+from hf_specdec.kernels import decode_linear_triton as dl  # noqa: E402
 
 SHAPES = {  # name: (out features N, in features K)
     "8b.qkv": (6144, 4096), "8b.o": (4096, 4096), "8b.gate_up": (28672, 4096), "8b.down": (4096, 14336),
@@ -67,54 +67,18 @@ def configs(sweep: bool):
         yield dict(zip(SWEEP, values))
 
 
-FUSED = {"1b.down": "silu", "8b.down": "silu", "1b.o": "", "8b.o": ""}
-
-
-def fused_rows(calls: int) -> list:
-    """``decode_linear_fused`` against its three unfused launches (see the module's docstring)."""
-    dtype, device, rows = torch.bfloat16, torch.device("cuda"), []
-    for name, act in FUSED.items():
-        n, k = SHAPES[name]
-        copies = max(2, -(-L2_CLEAR_BYTES // (n * k * 2)))
-        weights = [torch.randn(n, k, dtype=dtype, device=device) / k ** 0.5 for _ in range(copies)]
-        for m in (1, 32):
-            x = torch.randn(m, 2 * k if act else k, dtype=dtype, device=device)
-            r = torch.randn(m, n, dtype=dtype, device=device)
-
-            def unfused(a, w):
-                return r + dl.decode_linear_triton(dl.gated_activation(a, act) if act else a, w, None)
-
-            def fused(a, w):
-                return dl.decode_linear_fused_triton(a, w, None, r, act)
-
-            err = (fused(x, weights[0]).float() - unfused(x, weights[0]).float()).abs()
-            ulps = (err / r.float().abs().clamp_min(1.0)).max().item() / 2 ** -7
-            t_unfused, t_fused = (graph_time_us(fn, weights, x, calls) for fn in (unfused, fused))
-            rows.append({"shape": name, "gate_act": act, "rows": m, "unfused_us": t_unfused, "fused_us": t_fused,
-                         "max_diff_bf16_eps": ulps})
-            print(f"fused {name:8s} {act or '-':5s} m={m:2d} unfused {t_unfused:7.2f} us  fused {t_fused:7.2f} us  "
-                  f"saved {t_unfused - t_fused:6.2f} us  max diff {ulps:.2f} eps", flush=True)
-        del weights
-        torch.cuda.empty_cache()
-    return rows
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="1")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--calls", type=int, default=40)
     parser.add_argument("--sweep", action="store_true")
-    parser.add_argument("--fused", action="store_true", help="only the fused down / o projections (see above)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     dtype, device = torch.bfloat16, torch.device("cuda")
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": str(dtype), "rows": []}
     print(result["gpu"], result["torch"])
-    if args.fused:
-        result["fused"] = fused_rows(args.calls)
-        args.shapes = ""
-    for name in filter(None, args.shapes.split(",")):
+    for name in args.shapes.split(","):
         n, k = SHAPES[name]
         copies = max(2, -(-L2_CLEAR_BYTES // (n * k * 2)))
         weights = [torch.randn(n, k, dtype=dtype, device=device) / k ** 0.5 for _ in range(copies)]

@@ -9,11 +9,15 @@ then a torch.profiler trace of replayed round graphs, summarised by kernel.
     python benchmarks/profile_round.py --batches 1,32 [--no-compile] [--context 384]
 """
 import argparse
+import os
+import sys
 import time
 from collections import defaultdict
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script from anywhere
 
 import hf_specdec
 from hf_specdec.runner import bucket_for, runner_for

@@ -121,13 +121,13 @@ def test_window_and_softcap_reach_attention_and_matter(family, monkeypatch):
     name, per_layer = _LAYER_ARGS[family]
     model = build_model(family)
     seen = []
-    real = paged_attn_module.paged_attention_write_kv
+    real = paged_attn_module.paged_attention
 
     def spy(*args):
-        seen.append(dict(sliding_window=args[11], softcap=args[12]))
+        seen.append(dict(sliding_window=args[8], softcap=args[9]))
         return real(*args)
 
-    monkeypatch.setattr(paged_attn_module, "paged_attention_write_kv", spy)
+    monkeypatch.setattr(paged_attn_module, "paged_attention", spy)
     prompts, out = _run_prefill(model, (5, 30))
     assert [s[name] for s in seen] == per_layer
     if family == "gemma2_softcap_sliding":
@@ -137,10 +137,10 @@ def test_window_and_softcap_reach_attention_and_matter(family, monkeypatch):
 
     def dropped(*args):
         args = list(args)
-        args[11 if name == "sliding_window" else 12] = None
+        args[8 if name == "sliding_window" else 9] = None
         return real(*args)
 
-    monkeypatch.setattr(paged_attn_module, "paged_attention_write_kv", dropped)
+    monkeypatch.setattr(paged_attn_module, "paged_attention", dropped)
     prompts, out = _run_prefill(model, (5, 30))
     err = (out[1] - hf_logits(model, prompts[1])).abs().max().item()
     assert err > 100 * ATOL, f"dropping {name} changed the logits by only {err:.2e}: the test is not sensitive"

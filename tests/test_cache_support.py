@@ -127,7 +127,7 @@ def test_user_implementation_restored_and_ordinary_forward_unchanged(family, imp
         seen.append(model.config._attn_implementation)
         raise RuntimeError("kernel failed")
 
-    monkeypatch.setattr(paged_attn_module, "paged_attention_write_kv", failing)
+    monkeypatch.setattr(paged_attn_module, "paged_attention", failing)
     with pytest.raises(RuntimeError, match="kernel failed"):
         with paged_attention_enabled(model):
             _paged_prefill(model)

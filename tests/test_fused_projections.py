@@ -21,8 +21,7 @@ from cache_models import build_model
 from compile_recorder import fresh_dynamo  # noqa: F401  (an autouse fixture)
 from hf_specdec.runner.compiled_regions import compile_model
 from hf_specdec.runner import fused_projections
-from hf_specdec.runner.decode_passes import DecodePasses, shared_matmul_cse
-from hf_specdec.runner.fused_projections import FusedSliceLinear, shared_projections
+from hf_specdec.runner.fused_projections import FusedSliceLinear, SharedMatmulCSE, shared_projections
 
 IDS = torch.tensor([[5, 9, 17, 33, 2, 40, 11]])
 
@@ -77,10 +76,9 @@ class _MatmulCounter:
 
     def compiler(self, gm, example_inputs):
         if self.cse:
-            shared_matmul_cse(gm.graph)
+            SharedMatmulCSE()(gm.graph)
             gm.recompile()
-        packets = {torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.hf_specdec.decode_linear,
-                   torch.ops.hf_specdec.decode_linear_fused}
+        packets = {torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.hf_specdec.decode_linear}
         self.matmuls.append(sum(getattr(n.target, "overloadpacket", None) in packets for n in gm.graph.nodes))
         self.graphs.append(gm.graph)
         return gm.forward
@@ -124,70 +122,6 @@ def test_compiled_copy_calls_decode_linear_where_it_applies(monkeypatch):
     assert type(model.model.layers[0].self_attn.o_proj) is torch.nn.Linear
 
 
-@pytest.mark.parametrize("family,act", [("llama_gqa", "silu"), ("qwen2", "silu"), ("gemma2_softcap_sliding", "gelu_tanh")])
-@torch.no_grad()
-def test_gated_mlp_runs_its_activation_inside_the_down_projection(monkeypatch, family, act):
-    """A gated MLP's copy computes ``act(gate) * up`` inside ``decode_linear_fused`` (no activation left in the
-    layer's graph); in bfloat16 the pass folds a residual add that follows it too (Llama's and Qwen2's; Gemma 2
-    normalises the MLP's output first). The logits are the model's own up to the folded sums' single rounding."""
-    model = build_model(family).to(torch.bfloat16)
-    want = model(IDS).logits
-    copy = shared_projections(model).module_copy(model)
-    mlp = copy.model.layers[0].mlp
-    assert isinstance(mlp, fused_projections.GatedMLPCopy) and isinstance(mlp, type(model.model.layers[0].mlp))
-    assert mlp.gate_act == act and type(model.model.layers[0].mlp) is not type(mlp)
-    monkeypatch.setattr(fused_projections, "uses_decode_linear", lambda weight: True)  # as on CUDA
-    graphs = []
-
-    def compiler(gm, example_inputs):
-        DecodePasses()(gm.graph)
-        gm.recompile()
-        graphs.append(gm.graph)
-        return gm.forward
-
-    got = compile_model(model, backend=aot_autograd(fw_compiler=compiler))(IDS).logits
-    # the CPU reference computes what the modules do, but for the folded residual sums rounding once (a few bf16 ulps)
-    torch.testing.assert_close(got.float(), want.float(), rtol=0.02, atol=0.07)
-    fused = [n for g in graphs for n in g.nodes if n.target is torch.ops.hf_specdec.decode_linear_fused.default]
-    assert {n.args[4] for n in fused} == {act, ""} if family != "gemma2_softcap_sliding" else {act}
-    gated = [n for n in fused if n.args[4]]
-    assert gated and all(n.args[0].target is torch.ops.hf_specdec.decode_linear.default for n in gated)  # gate/up
-    residual_folded = [n for n in fused if n.args[3] is not None]
-    assert bool(residual_folded) == (family != "gemma2_softcap_sliding")
-
-
-def test_other_mlps_keep_their_own_forward():
-    """An activation the fused op does not compute (ReLU), or an MLP whose forward is not the gated one, keeps the
-    module's forward in the copy."""
-    model = build_model("llama_gqa", hidden_act="relu")
-    assert not isinstance(shared_projections(model).module_copy(model).model.layers[0].mlp,
-                          fused_projections.GatedMLPCopy)
-    model = build_model("llama_gqa")
-    mlp = model.model.layers[0].mlp
-
-    class ScaledMLP(type(mlp)):
-        def forward(self, x):
-            return 2 * self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
-
-    mlp.__class__ = ScaledMLP
-    copy = shared_projections(model).module_copy(model)
-    assert type(copy.model.layers[0].mlp) is ScaledMLP
-    assert isinstance(copy.model.layers[1].mlp, fused_projections.GatedMLPCopy)
-    # a forward patched after a first copy (a library's kernels, a clamped activation) is judged again
-    cls = type(model.model.layers[1].mlp)
-    original = cls.forward
-    try:
-        cls.forward = lambda self, x: self.down_proj(self.act_fn(self.gate_proj(x)).clamp(max=1) * self.up_proj(x))
-        assert not isinstance(shared_projections(model).module_copy(model).model.layers[1].mlp,
-                              fused_projections.GatedMLPCopy)
-    finally:
-        cls.forward = original
-    assert isinstance(shared_projections(model).module_copy(model).model.layers[1].mlp, fused_projections.GatedMLPCopy)
-    model.model.layers[1].mlp.forward = lambda x: x  # patched on the instance
-    assert not isinstance(shared_projections(model).module_copy(model).model.layers[1].mlp,
-                          fused_projections.GatedMLPCopy)
-
-
 def test_hooked_or_subclassed_linears_are_not_copied():
     model = build_model("llama_gqa")
     hooked = model.model.layers[0].self_attn.o_proj
@@ -212,22 +146,6 @@ def test_inductor_keeps_one_matmul_per_group():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     per_graph = [len(re.findall(r"extern_kernels\.(?:mm|addmm)\(", code)) for code in codes]
     assert max(per_graph) == 4, per_graph
-
-
-@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="Inductor on CPU needs a C++ compiler")
-@torch.no_grad()
-def test_inductor_runs_the_fused_down_projection(monkeypatch):
-    """Inductor itself (its CPU code) with the runner's passes, the ops chosen as on CUDA: every layer's down
-    projection is one ``decode_linear_fused`` call taking the activation and the residual add, and the logits are
-    the model's own up to bfloat16 rounding of the compiled norms."""
-    model = build_model("llama_gqa").to(torch.bfloat16)
-    want = model(IDS).logits
-    monkeypatch.setattr(fused_projections, "uses_decode_linear", lambda weight: True)  # as on CUDA
-    got, codes = run_and_get_code(lambda: compile_model(model)(IDS).logits)
-    torch.testing.assert_close(got.float(), want.float(), rtol=0.05, atol=0.125)  # unfused compiled: 0.0625 here
-    layer = max(codes, key=lambda code: code.count("hf_specdec.decode_linear"))
-    assert len(re.findall(r"hf_specdec\.decode_linear_fused\.default\(", layer)) == 2, layer  # o_proj, down_proj
-    assert layer.count("silu") == layer.count("'silu')") == 1  # only as the op's argument: no activation kernel
 
 
 @torch.no_grad()

@@ -5,9 +5,8 @@ of one, per-token ``position_ids`` and a ``PagedBatch`` under the forward keywor
 ``PAGED_BATCH_KWARG``; transformers hands that keyword to every attention layer. For
 the duration of that call only, the model's configs name ``ATTN_NAME`` as their
 attention implementation. The function writes the layer's new, already rotated K/V
-into their slots and attends each query to its own sequence's cached keys in one launch
-(``kernels.paged_attention_write_kv``: causal, sliding window, soft-capping and scaling as the
-layer passes them). transformers
+into their slots and attends each query to its own sequence's cached keys (causal,
+sliding window, soft-capping and scaling as the layer passes them). transformers
 builds no mask for a name it has no mask function for, so a paged forward costs no
 mask construction (and no host synchronisation for packed-sequence detection).
 
@@ -31,7 +30,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..kernels import paged_attention_write_kv, write_kv_to_slots
+from ..kernels import paged_attention, write_kv_to_slots
 from .devices import hidden_states_device, input_device, kwargs_left_in_place
 
 ATTN_NAME = "hf_specdec_paged"
@@ -77,12 +76,12 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
     key_pool, value_pool = batch.cache.layer_pools(module.layer_idx, k)
     batch = batch.on(q.device)  # accelerate may place this layer on another device than the metadata
     with _launch_device(q):
+        write_kv_to_slots(k, v, key_pool, value_pool, batch.slot_mapping)
         if _fresh_spans_fit(batch.fresh, kwargs.get("sliding_window"), kwargs.get("softcap")):
-            write_kv_to_slots(k, v, key_pool, value_pool, batch.slot_mapping)
             return _prompt_attention(module, query, key, value, scaling, batch.fresh, batch.slot_mapping >= 0), None
-        out = paged_attention_write_kv(  # the K/V write and the attention in one launch
-            q.contiguous(), k, v, key_pool, value_pool, batch.slot_mapping, batch.block_tables, batch.seq_lens,
-            batch.query_start_loc, batch.max_query_len, scaling if scaling is not None else q.shape[-1] ** -0.5,
+        out = paged_attention(
+            q.contiguous(), key_pool, value_pool, batch.block_tables, batch.seq_lens, batch.query_start_loc,
+            batch.max_query_len, scaling if scaling is not None else q.shape[-1] ** -0.5,
             kwargs.get("sliding_window"), kwargs.get("softcap"),
         )
     return out.unsqueeze(0), None

@@ -1,7 +1,7 @@
 """Kernels of a speculative round, each a Triton kernel beside a torch reference of the same signature.
 
-``rejection_sample``, ``typical_accept``, ``write_kv_to_slots``, ``paged_attention``, ``paged_attention_write_kv``,
-``decode_linear``, ``decode_linear_fused``, ``commit_round`` and ``step_metadata`` call the
+``rejection_sample``, ``typical_accept``, ``write_kv_to_slots``, ``paged_attention``, ``decode_linear``,
+``commit_round`` and ``step_metadata`` call the
 custom ops of ``ops.py`` (``torch.ops.hf_specdec.*``): Triton on CUDA tensors, the reference
 elsewhere, one opaque node each under ``torch.compile``. The samplers' random numbers are drawn
 here, outside the ops (custom ops cannot take generators). Nothing here reads tensor values:
@@ -15,10 +15,9 @@ import torch
 
 from . import ops
 from .commit_reference import commit_reference
-from .decode_linear_reference import GATE_ACTS, decode_linear_fused_reference, decode_linear_reference
+from .decode_linear_reference import decode_linear_reference
 from .ngram_lookup import ngram_drafts, ngram_drafts_reference
-from .paged_attention_reference import (paged_attention_reference, paged_attention_write_kv_reference,
-                                        write_kv_to_slots_reference)
+from .paged_attention_reference import paged_attention_reference, write_kv_to_slots_reference
 from .rejection_sampler_reference import PLACEHOLDER_TOKEN_ID, rejection_sample_reference
 from .sampling_noise import draw_acceptance_noise, greedy_noise_placeholders
 from .step_metadata_reference import slots_of, step_metadata_reference
@@ -93,17 +92,6 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, query
     )
 
 
-def paged_attention_write_kv(query, key, value, key_cache, value_cache, slot_mapping, block_tables, seq_lens,
-                             query_start_loc, max_query_len, scale, sliding_window=None, softcap=None) -> torch.Tensor:
-    """``write_kv_to_slots`` then ``paged_attention``, in one launch on CUDA; every token with a slot (>= 0) must
-    belong to a sequence's query rows."""
-    return ops.paged_attention_write_kv_op(
-        query, key, value, key_cache, value_cache, slot_mapping, block_tables, seq_lens, query_start_loc,
-        _int(max_query_len), _float(scale), None if sliding_window is None else _int(sliding_window),
-        None if softcap is None else _float(softcap),
-    )
-
-
 def commit_round(emitted, accepted, hist, pads, length, gen, done, max_new, eos, counts, keep_out, accepted_out,
                  stats, k: int) -> None:
     """Append each live row's run (``emitted`` ``(B, k+1)``, ``accepted`` ``(B,)``) to ``hist`` up to its first EOS
@@ -125,22 +113,10 @@ def decode_linear(x, weight, bias=None) -> torch.Tensor:
     return ops.decode_linear_op(x, weight, bias)
 
 
-def decode_linear_fused(x, weight, bias=None, residual=None, gate_act: str = "") -> torch.Tensor:
-    """``residual + linear(act(gate) * up, weight, bias)`` for ``x = [gate, up]`` (``gate_act`` a key of
-    ``GATE_ACTS``; "" reads ``x`` as it is): a gated MLP's down projection and the residual add after it, one
-    launch for one half-precision row on a Hopper GPU (``decode_linear_triton``)."""
-    if gate_act not in ("", *GATE_ACTS):
-        raise ValueError(f"gate_act={gate_act!r}: use one of {['', *GATE_ACTS]}")
-    return ops.decode_linear_fused_op(x, weight, bias, residual, gate_act)
-
-
 __all__ = [
     "commit_round",
     "commit_reference",
-    "GATE_ACTS",
     "decode_linear",
-    "decode_linear_fused",
-    "decode_linear_fused_reference",
     "decode_linear_reference",
     "PLACEHOLDER_TOKEN_ID",
     "draw_acceptance_noise",
@@ -149,8 +125,6 @@ __all__ = [
     "ngram_drafts_reference",
     "paged_attention",
     "paged_attention_reference",
-    "paged_attention_write_kv",
-    "paged_attention_write_kv_reference",
     "rejection_sample",
     "rejection_sample_reference",
     "slots_of",

@@ -24,9 +24,8 @@ import torch
 from torch import Tensor
 
 from .commit_reference import commit_reference
-from .decode_linear_reference import decode_linear_fused_reference, decode_linear_reference
-from .paged_attention_reference import (paged_attention_reference, paged_attention_write_kv_reference,
-                                        write_kv_to_slots_reference)
+from .decode_linear_reference import decode_linear_reference
+from .paged_attention_reference import paged_attention_reference, write_kv_to_slots_reference
 from .rejection_sampler_reference import rejection_sample_reference
 from .step_metadata_reference import step_metadata_reference
 from .typical_acceptance_reference import typical_accept_reference
@@ -129,33 +128,6 @@ def _(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, ma
     return query.new_empty(query.shape)  # both implementations return a contiguous tensor
 
 
-@torch.library.custom_op("hf_specdec::paged_attention_write_kv", mutates_args=("key_cache", "value_cache"))
-def paged_attention_write_kv_op(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    key_cache: Tensor,
-    value_cache: Tensor,
-    slot_mapping: Tensor,
-    block_tables: Tensor,
-    seq_lens: Tensor,
-    query_start_loc: Tensor,
-    max_query_len: int,
-    scale: float,
-    sliding_window: Optional[int],
-    softcap: Optional[float],
-) -> Tensor:
-    fn = _impl(query, "paged_attention_triton", "paged_attention_write_kv_triton", paged_attention_write_kv_reference)
-    return fn(query, key, value, key_cache, value_cache, slot_mapping, block_tables, seq_lens, query_start_loc,
-              max_query_len, scale, sliding_window, softcap)
-
-
-@paged_attention_write_kv_op.register_fake
-def _(query, key, value, key_cache, value_cache, slot_mapping, block_tables, seq_lens, query_start_loc, max_query_len,
-      scale, sliding_window, softcap):
-    return query.new_empty(query.shape)
-
-
 @torch.library.custom_op("hf_specdec::decode_linear", mutates_args=())
 def decode_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     fn = _impl(x, "decode_linear_triton", "decode_linear_triton", decode_linear_reference)
@@ -164,18 +136,6 @@ def decode_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tenso
 
 @decode_linear_op.register_fake
 def _(x, weight, bias):
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-
-@torch.library.custom_op("hf_specdec::decode_linear_fused", mutates_args=())
-def decode_linear_fused_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor],
-                           gate_act: str) -> Tensor:
-    fn = _impl(x, "decode_linear_triton", "decode_linear_fused_triton", decode_linear_fused_reference)
-    return fn(x, weight, bias, residual, gate_act)
-
-
-@decode_linear_fused_op.register_fake
-def _(x, weight, bias, residual, gate_act):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 

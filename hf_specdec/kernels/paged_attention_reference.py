@@ -105,25 +105,3 @@ def paged_attention_reference(
     result = torch.zeros(T + 1, H, D, dtype=torch.float32, device=device)  # tokens of no row (padding): 0
     result[dest.reshape(-1)] = out.reshape(B * Q, H, D)
     return result[:T].to(query.dtype)
-
-
-def paged_attention_write_kv_reference(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    max_query_len: int,
-    scale: float,
-    sliding_window: Optional[int] = None,
-    softcap: Optional[float] = None,
-) -> torch.Tensor:
-    """This step's ``key``/``value`` written to their slots, then ``paged_attention_reference`` (what one launch of
-    the Triton twin computes)."""
-    write_kv_to_slots_reference(key, value, key_cache, value_cache, slot_mapping)
-    return paged_attention_reference(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
-                                     max_query_len, scale, sliding_window, softcap)

@@ -37,11 +37,6 @@ programs (flash-decoding): grid ``(B, q_blocks, kv_heads * S)``, each program le
 unnormalised ``(acc, m, l)`` in float32 scratch and ``_combine_kv_splits_kernel`` merges them.
 ``S`` is a runtime argument and every query of 2..``QUERY_TILE`` tokens gets the same tile, so
 batch size, split count and the speculation length (k = 1..7) never compile a new variant.
-
-``paged_attention_write_kv_triton`` (``NEW_KV``) writes the step's K/V in the attention's own launch, one kernel
-less per layer: the split-0 program of each (sequence, query block, kv head) stores its tokens' rows of that head,
-and every program reads this step's keys from the inputs (positions ``seq_len - q_len`` on) and older ones from
-the cache, so none waits for another's write.
 """
 from __future__ import annotations
 
@@ -122,9 +117,7 @@ def _paged_attention_kernel(
     stride_bt,
     part_acc_ptr, part_ml_ptr,  # split-KV partials (T, H, S, D) and (T, H, S, 2); unused when num_kv_splits == 1
     num_kv_splits,  # a runtime int: every split count runs the same compiled kernel
-    key_ptr, value_ptr, slot_ptr, stride_kt, stride_kh, stride_vt, stride_vh,  # the new K/V (NEW_KV only)
     HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE_FP32: tl.constexpr, UPCAST: tl.constexpr,
-    NEW_KV: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # Typed scalars: a float arriving as fp64 would turn the online softmax's carried m_i into fp64.
@@ -153,21 +146,6 @@ def _paged_attention_kernel(
                     mask=row_ok[:, None] & d_ok[None, :], other=0.0)
         if UPCAST:
             q = q.to(tl.float32)
-        if NEW_KV:
-            if kv_split == 0:  # the tile's tokens' K/V of this kv head go to their slots: once per token and head
-                w_ok = row_ok & (m_idx % num_groups == 0)
-                slot = tl.load(slot_ptr + q_start + tok, mask=w_ok, other=-1).to(tl.int64)
-                w_ok = w_ok & (slot >= 0)
-                w_mask = w_ok[:, None] & d_ok[None, :]
-                src = (q_start + tok)[:, None]
-                dst = (slot // block_size) * stride_kc_blk + (slot % block_size) * stride_kc_pos + kv_head * stride_kc_h
-                tl.store(k_cache_ptr + dst[:, None] + d[None, :], tl.load(
-                    key_ptr + src * stride_kt + kv_head * stride_kh + d[None, :], mask=w_mask
-                ).to(k_cache_ptr.dtype.element_ty), mask=w_mask)
-                dst = (slot // block_size) * stride_vc_blk + (slot % block_size) * stride_vc_pos + kv_head * stride_vc_h
-                tl.store(v_cache_ptr + dst[:, None] + d[None, :], tl.load(
-                    value_ptr + src * stride_vt + kv_head * stride_vh + d[None, :], mask=w_mask
-                ).to(v_cache_ptr.dtype.element_ty), mask=w_mask)
 
         # Key range seen by any query of the tile.
         last_pos = ctx_len + tl.minimum(q_len, first_tok + BLOCK_Q) - 1
@@ -191,18 +169,11 @@ def _paged_attention_kernel(
             k_ok = k_pos < hi
             blk = tl.load(bt_row + k_pos // block_size, mask=k_ok, other=0).to(tl.int64)
             off = (k_pos % block_size).to(tl.int64)
-            kv_mask = ((k_ok & (k_pos < ctx_len)) if NEW_KV else k_ok)[:, None] & d_ok[None, :]
+            kv_mask = k_ok[:, None] & d_ok[None, :]
             k = tl.load(k_cache_ptr + (blk * stride_kc_blk + off * stride_kc_pos + kv_head * stride_kc_h)[:, None]
                         + d[None, :], mask=kv_mask, other=0.0)
             v = tl.load(v_cache_ptr + (blk * stride_vc_blk + off * stride_vc_pos + kv_head * stride_vc_h)[:, None]
                         + d[None, :], mask=kv_mask, other=0.0)
-            if NEW_KV:  # this step's tokens, read where they are (the writes above are not waited for)
-                new_mask = (k_ok & (k_pos >= ctx_len))[:, None] & d_ok[None, :]
-                t_new = (q_start + k_pos - ctx_len)[:, None]
-                k = tl.where(new_mask, tl.load(key_ptr + t_new * stride_kt + kv_head * stride_kh + d[None, :],
-                                               mask=new_mask, other=0.0).to(k_cache_ptr.dtype.element_ty), k)
-                v = tl.where(new_mask, tl.load(value_ptr + t_new * stride_vt + kv_head * stride_vh + d[None, :],
-                                               mask=new_mask, other=0.0).to(v_cache_ptr.dtype.element_ty), v)
             if UPCAST:
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
@@ -320,11 +291,8 @@ def paged_attention_triton(
     scale: float,
     sliding_window: Optional[int] = None,
     softcap: Optional[float] = None,
-    new_kv: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
 ) -> torch.Tensor:
-    """Triton twin of ``paged_attention_reference``: ``(T, heads, head_dim)`` in the query's dtype. ``new_kv``:
-    ``(key, value, slot_mapping)`` of this step's tokens, written to their slots by the same launch (the twin of
-    ``write_kv_to_slots`` then this; every token with a slot must belong to a sequence's query rows)."""
+    """Triton twin of ``paged_attention_reference``: ``(T, heads, head_dim)`` in the query's dtype."""
     T, H, D = query.shape
     B = block_tables.shape[0]
     KVH = key_cache.shape[2]
@@ -352,29 +320,12 @@ def paged_attention_triton(
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_tables.stride(0),
-        part_acc, part_ml, num_kv_splits=splits, **_new_kv_args(new_kv, query), **attention,
+        part_acc, part_ml, num_kv_splits=splits, **attention,
     )
     if splits > 1:
         _combine_kv_splits_kernel[(T, H)](out, part_acc, part_ml, H, D, out.stride(0), out.stride(1),
                                           num_kv_splits=splits, **combine)
     return out
-
-
-def paged_attention_write_kv_triton(query, key, value, key_cache, value_cache, slot_mapping, block_tables, seq_lens,
-                                    query_start_loc, max_query_len, scale, sliding_window=None, softcap=None):
-    """Triton twin of ``paged_attention_write_kv_reference``: one launch writes the new K/V and attends."""
-    return paged_attention_triton(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
-                                  max_query_len, scale, sliding_window, softcap, new_kv=(key, value, slot_mapping))
-
-
-def _new_kv_args(new_kv, query: torch.Tensor) -> dict:
-    """The kernel's new-K/V arguments: ``(key, value, slot_mapping)`` and their strides (none: never read)."""
-    if new_kv is None:
-        key = value = slots = query
-    else:
-        key, value, slots = (t if t.stride(-1) == 1 else t.contiguous() for t in new_kv)
-    return dict(key_ptr=key, value_ptr=value, slot_ptr=slots, stride_kt=key.stride(0), stride_kh=key.stride(1),
-                stride_vt=value.stride(0), stride_vh=value.stride(1), NEW_KV=new_kv is not None)
 
 
 # Split-KV (flash-decoding) for grids too small to fill the device. Measured on an H100 inside the

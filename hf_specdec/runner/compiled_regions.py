@@ -19,8 +19,7 @@ import torch
 from accelerate.utils import compile_regions
 from transformers import PreTrainedModel
 
-from .decode_passes import inductor_options
-from .fused_projections import shared_projections
+from .fused_projections import inductor_options, shared_projections
 
 # compiled variants per code object: (target, draft) x (1 token, any count) x (full, sliding-window layers) ...
 _CACHE_SIZE_LIMIT = 64

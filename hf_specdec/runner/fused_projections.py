@@ -23,12 +23,8 @@ How, without changing what the user's model computes or how much memory it holds
   ``kernels.decode_linear``, which runs a GEMV for one row where it beat cuBLAS (8B shapes, H100: target
   step 6.41 -> 6.30 ms, 1B draft step 1.54 -> 1.47 ms at b = 1) and ``F.linear`` otherwise.
 - **One matmul.** The three slices of a group read the same input and the same fused weight (one buffer,
-  deduplicated by Dynamo), so their three matmuls are identical; a post-grad pass given to Inductor
-  (``decode_passes.py``) keeps one. Without the pass they would be computed three times.
-- **A gated MLP in one launch more.** A copied MLP whose forward is ``down(act(gate(x)) * up(x))`` with a SiLU or
-  tanh-GELU ``act`` (Llama, Mistral, Qwen2, Gemma, ...) becomes a ``GatedMLPCopy``: the gate/up matmul, then
-  ``kernels.decode_linear_fused`` computing the activation as it reads its row (one kernel less per layer where
-  the GEMV runs; the residual add after it joins the same launch through ``decode_passes.py``).
+  deduplicated by Dynamo), so their three matmuls are identical; ``SharedMatmulCSE``, a post-grad pass
+  given to Inductor, keeps one. Without the pass they would be computed three times.
 
 ``SharedProjections.repair`` restores the sharing when the parameters got new storage (``model.to(dtype)``,
 ``load_state_dict(assign=True)``): the fused tensors then receive the parameters' current values in place,
@@ -37,8 +33,8 @@ so compiled code and graphs keep reading valid addresses.
 from __future__ import annotations
 
 import copy
+import hashlib
 import inspect
-import re
 import weakref
 from typing import Optional
 
@@ -46,7 +42,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import GATE_ACTS, decode_linear, decode_linear_fused  # also registers torch.ops.hf_specdec.*
+from ..kernels import decode_linear  # also registers torch.ops.hf_specdec.decode_linear
+
+try:  # a pass Inductor's FX graph cache can key on (its uuid)
+    from torch._inductor.custom_graph_pass import CustomGraphPass as _PassBase
+except ImportError:  # an older torch: a plain callable
+    _PassBase = object
 
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
@@ -75,68 +76,6 @@ def uses_decode_linear(weight: torch.Tensor) -> bool:
     autograd formula, and under autocast its output dtype would not be the one its fake implementation
     promises). Device, grad mode and autocast are global guards of the compiled layer, the same for every layer."""
     return weight.is_cuda and not torch.is_grad_enabled() and not torch.is_autocast_enabled(weight.device.type)
-
-
-class GatedMLPCopy(nn.Module):
-    """The copy of a gated MLP (``down(act(gate(x)) * up(x))``, gate/up fused): the activation runs inside the down
-    projection's launch (``kernels.decode_linear_fused``); elsewhere (CPU, training) the module's own forward."""
-
-    gate_act: str
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, down = self.gate_proj, self.down_proj
-        if not uses_decode_linear(down.weight):
-            return super().forward(x)
-        gate_up = decode_linear(x, gate.fused_weight, gate.fused_bias)
-        return decode_linear_fused(gate_up, down.weight, down.bias, None, self.gate_act)
-
-
-_GATED_FORWARDS = {  # a gated MLP's forward, whitespace removed (Llama, Mistral, Qwen2, Gemma 1-3, ...)
-    "defforward(self,x):down_proj=self.down_proj(self.act_fn(self.gate_proj(x))*self.up_proj(x))returndown_proj",
-    "defforward(self,x):returnself.down_proj(self.act_fn(self.gate_proj(x))*self.up_proj(x))",
-}
-_GATED_CLASSES: dict[tuple, Optional[type]] = {}
-
-
-def _gated_copy_class(module: nn.Module) -> Optional[type]:
-    """``GatedMLPCopy`` over ``module``'s class when its forward is the gated MLP's, else None (once per class and
-    forward: a forward patched later, or on the instance, is judged again)."""
-    cls = type(module)
-    forward = getattr(module.forward, "__func__", module.forward)
-    key = (cls, forward)
-    if key not in _GATED_CLASSES:
-        try:
-            source = re.sub(r"\s+", "", inspect.getsource(forward))
-        except (OSError, TypeError):
-            source = ""
-        _GATED_CLASSES[key] = (type(f"GatedMLPCopy[{cls.__name__}]", (GatedMLPCopy, cls), {})
-                               if source in _GATED_FORWARDS and "forward" not in vars(module) else None)
-    return _GATED_CLASSES[key]
-
-
-def _gate_act(act_fn) -> Optional[str]:
-    """The ``GATE_ACTS`` name computing exactly what ``act_fn`` computes (probed on CPU), else None."""
-    probe = torch.linspace(-8.0, 8.0, 257)
-    try:
-        with torch.no_grad():
-            got = act_fn(probe)
-    except Exception:  # an activation that cannot run on a CPU probe is not recognised
-        return None
-    return next((name for name, fn in GATE_ACTS.items() if torch.equal(got, fn(probe))), None)
-
-
-def _gated_mlp(module: nn.Module, replaced: dict) -> tuple[Optional[type], Optional[str]]:
-    """(copy class, activation name) for a gated MLP whose gate/up group is fused and whose down projection is
-    copied as a ``DecodeLinear``; (None, None) otherwise."""
-    gate, up, down = (replaced.get(name) for name in ("gate_proj", "up_proj", "down_proj"))
-    if not (isinstance(gate, FusedSliceLinear) and isinstance(up, FusedSliceLinear) and type(down) is DecodeLinear
-            and gate.fused_weight is up.fused_weight and gate.fused_start == 0 and gate.fused_stop == up.fused_start
-            and up.fused_stop == 2 * gate.fused_stop == gate.fused_weight.shape[0]
-            and down.in_features == gate.fused_stop):
-        return None, None
-    cls = _gated_copy_class(module)
-    act = _gate_act(getattr(module, "act_fn", None)) if cls is not None else None
-    return (cls, act) if act is not None else (None, None)
 
 
 def _decode_copy(linear: nn.Linear) -> nn.Linear:
@@ -240,9 +179,6 @@ class SharedProjections:
         new = copy.copy(module)
         new._modules = dict(module._modules)
         new._modules.update(replaced)
-        gated, act = _gated_mlp(module, replaced)
-        if gated is not None:
-            new.__class__, new.gate_act = gated, act
         return new
 
     def intact(self) -> bool:
@@ -302,3 +238,42 @@ def _fused_storage(linears) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         weight = torch.cat([linear.weight.detach() for linear in linears])
         bias = torch.cat([linear.bias.detach() for linear in linears]) if linears[0].bias is not None else None
     return weight, bias
+
+
+_PURE = ("mm", "addmm", "view", "_unsafe_view", "reshape", "permute", "t", "transpose", "expand")
+
+
+class SharedMatmulCSE(_PassBase):
+    """Inductor post-grad pass: identical matmuls (same inputs, through identical views) computed once."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        pure = {getattr(torch.ops.aten, name) for name in _PURE} | {torch.ops.hf_specdec.decode_linear}
+        seen: dict = {}
+        for node in list(graph.nodes):
+            if node.op != "call_function" or getattr(node.target, "overloadpacket", None) not in pure:
+                continue
+            key = (node.target, _hashable(node.args), _hashable(tuple(sorted(node.kwargs.items()))))
+            if key in seen:
+                node.replace_all_uses_with(seen[key])
+                graph.erase_node(node)
+            else:
+                seen[key] = node
+
+    def uuid(self) -> str:
+        """Inductor's caches key on this: the pass's own source (a fixed name where the source is not shipped)."""
+        try:
+            return hashlib.sha256(inspect.getsource(SharedMatmulCSE).encode()).hexdigest()
+        except (OSError, TypeError):
+            return "hf_specdec.SharedMatmulCSE.1"
+
+
+def _hashable(value):
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    return value if isinstance(value, (torch.fx.Node, int, float, bool, str, type(None), torch.dtype,
+                                       torch.device, torch.memory_format, torch.layout)) else repr(value)
+
+
+def inductor_options() -> dict:
+    """The options that make Inductor keep one matmul per fused group."""
+    return {"post_grad_custom_post_pass": SharedMatmulCSE()}
