@@ -84,6 +84,8 @@ def parse_args(argv=None):
     p.add_argument("--no-spec", action="store_true", help="skip hf_specdec and runner_plain")
     p.add_argument("--compile-wait", action="store_true", help="hf_specdec rows with SpecConfig(compile=True): their "
                    "first (warm-up) call waits for the compiled code, so the timed calls run it (steady state)")
+    p.add_argument("--lazy-k-capture", action="store_true", help="hf_specdec rows without "
+                   "SpecConfig(capture_every_k=True): a k the adaptive policy first picks in a timed call is captured there")
     p.add_argument("--stage-repeats", type=int, default=50, help="replays per piece in time_stages (CUDA only)")
     p.add_argument("--deadline-s", type=float, default=520.0,
                    help="rows not started this many seconds after the start are skipped (0 = no deadline)")

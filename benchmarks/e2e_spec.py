@@ -57,7 +57,8 @@ def run_spec_row(bench, method, variant, b, mode, batches, spec_config, draft):
     kw = bench.gen_kwargs(mode)
     # every batch once too (each prompt's prefill shape is captured before the timed calls)
     warm = bucket_warmups(batches[0], b) + batches[1:]
-    settings = {name: getattr(spec_config, name) for name in ("num_speculative_tokens", "cuda_graphs", "compile")}
+    settings = {name: getattr(spec_config, name)
+                for name in ("num_speculative_tokens", "cuda_graphs", "compile", "capture_every_k")}
     entry = bench.run(method, variant, b, mode,
                       lambda x: bench.generate(x, kw, assistant_model=draft, spec_config=spec_config),
                       batches, warm, extra={"k": k, "spec_config": settings}, k=k)
@@ -79,9 +80,10 @@ def run_spec(bench):
 
     hf_specdec.enable(bench.target)
     compile = True if bench.args.compile_wait else None
+    every_k = not bench.args.lazy_k_capture  # every k of a bucket captured in the warm-up, none in a timed call
     for b, mode, batches in bench.configs():
         for k in bench.ks:
-            spec = hf_specdec.SpecConfig(num_speculative_tokens=k, compile=compile)
+            spec = hf_specdec.SpecConfig(num_speculative_tokens=k, compile=compile, capture_every_k=every_k)
             run_spec_row(bench, "hf_specdec", f"fast k={k}", b, mode, batches, spec, bench.draft)
             if getattr(bench, "head", None) is not None:
                 run_spec_row(bench, "hf_specdec", f"head k={k}", b, mode, batches, spec, bench.head)

@@ -6,11 +6,12 @@ prompt shapes it meets, the first time it meets them. ``warmup`` does that work 
 waits for the compiled code, then calls ``generate`` once at ``batch_size`` rows (which sizes the caches and
 buffers for prompts of ``prompt_length`` plus ``max_new_tokens``: later calls no larger reuse every graph)
 and once for each smaller batch bucket (a call's rows leave as they finish, which moves it to smaller
-buckets). Pass the ``generate`` arguments the real calls use (``do_sample``, processors, ...): graphs are
-kept per configuration.
+buckets), capturing every k of each bucket (``SpecConfig.capture_every_k``). Pass the ``generate`` arguments
+the real calls use (``do_sample``, processors, ...): graphs are kept per configuration.
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from typing import Optional
@@ -36,7 +37,8 @@ def warmup(model: PreTrainedModel, assistant_model: Optional[PreTrainedModel] = 
             raise ValueError(f"hf_specdec.warmup: {name} must be a positive int; got {value!r}.")
     if not getattr(model.generate, "_hf_specdec_enabled", False):
         raise ValueError("hf_specdec.warmup needs a model passed to hf_specdec.enable(model) first.")
-    spec = with_proposer(as_spec_config(spec_config), assistant_model)
+    # every k of each bucket now (the adaptive policy may pick any later): later calls capture nothing
+    spec = dataclasses.replace(with_proposer(as_spec_config(spec_config), assistant_model), capture_every_k=True)
     uses_draft = spec.num_speculative_tokens > 0 and spec.method in ("draft", "head")
     vocab = model.config.get_text_config().vocab_size
     device = next(model.parameters()).device

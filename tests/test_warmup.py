@@ -43,3 +43,42 @@ def test_warmup_needs_an_enabled_model():
     target, draft = make_pair("llama")
     with pytest.raises(ValueError, match="hf_specdec.enable"):
         hf_specdec.warmup(target, draft)
+
+
+def test_capture_every_k_asks_the_runner_for_every_k_of_a_bucket(monkeypatch):
+    """The adaptive policy's first round in a bucket captures k = 0 and the largest k (others when first picked);
+    ``SpecConfig(capture_every_k=True)``, and so ``warmup``, asks for every k at once (CPU: the request is made,
+    the runner without graphs has nothing to capture)."""
+    import dataclasses
+
+    from hf_specdec.runner import SpecRunner
+
+    asked = []
+    original = SpecRunner.capture
+
+    def spy(self, ks):
+        asked.append(tuple(ks))
+        return original(self, ks)
+
+    monkeypatch.setattr(SpecRunner, "capture", spy)
+    target, draft = make_pair("llama")
+    hf_specdec.enable(target)
+    ids = torch.randint(3, 97, (3, 9), generator=torch.Generator().manual_seed(2))
+    kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False,
+                  eos_token_id=None, pad_token_id=0, assistant_model=draft)
+    spec = hf_specdec.SpecConfig(num_speculative_tokens=3, adaptive=True)
+    plain = target.generate(spec_config=spec, **kwargs)
+    assert asked and set(asked) == {(0, 3)}
+    asked.clear()
+    every = target.generate(spec_config=dataclasses.replace(spec, capture_every_k=True), **kwargs)
+    assert asked and set(asked) == {(0, 1, 2, 3)}
+    assert torch.equal(every, plain)
+    asked.clear()
+    hf_specdec.warmup(target, draft, spec, batch_size=2, prompt_length=9, max_new_tokens=4, verbose=False,
+                      do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert asked and set(asked) == {(0, 1, 2, 3)}
+
+
+def test_capture_every_k_must_be_a_bool():
+    with pytest.raises(ValueError, match="capture_every_k must be True or False; got 1"):
+        hf_specdec.SpecConfig(capture_every_k=1)

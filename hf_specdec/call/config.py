@@ -55,6 +55,10 @@ class SpecConfig:
         split over: 1 = a replicated draft (an ordinary model on each rank's GPU), N = loaded with
         ``tp_plan`` over the target's N ranks. A draft loaded otherwise raises, naming the fix.
         None takes the draft as loaded. See docs/parallel.md.
+    capture_every_k: with ``adaptive`` on CUDA graphs, capture the graphs of every k in
+        [0, num_speculative_tokens] when a call first uses a batch bucket, instead of k = 0 and the
+        largest then each other k when the policy first picks it. A first call pays more warm-up; later
+        calls capture nothing whatever k they pick (``hf_specdec.warmup`` sets it).
     """
 
     num_speculative_tokens: int = 4
@@ -73,6 +77,7 @@ class SpecConfig:
     cuda_graphs: Optional[bool] = None
     compile: Optional[bool] = None
     draft_tp: Optional[int] = None
+    capture_every_k: bool = False
 
     def __post_init__(self):
         k = self.num_speculative_tokens
@@ -84,6 +89,8 @@ class SpecConfig:
         if not all(isinstance(n, int) and not isinstance(n, bool) for n in (lo, hi)) or not 1 <= lo <= hi <= 32:
             raise ValueError(f"SpecConfig.prompt_lookup_min/max must be ints with 1 <= min <= max <= 32; "
                              f"got {lo!r}, {hi!r}.")
+        if not isinstance(self.capture_every_k, bool):
+            raise ValueError(f"SpecConfig.capture_every_k must be True or False; got {self.capture_every_k!r}.")
         for name in ("cuda_graphs", "compile", "adaptive"):
             if getattr(self, name) not in (None, True, False):
                 raise ValueError(f"SpecConfig.{name} must be None, True or False; got {getattr(self, name)!r}.")

@@ -50,9 +50,10 @@ class LaunchedRound:
 
 
 def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, committer: Committer, eos_ids: list[int],
-             metrics: SpecMetrics, timer: StageTimer, admission: Admission, policy: SpeculationLength) -> None:
+             metrics: SpecMetrics, timer: StageTimer, admission: Admission, policy: SpeculationLength,
+             capture_every_k: bool = False) -> None:
     CallLoop(runner, batch, spec, FastRows(runner, batch, admission, spec, committer, timer),
-             committer, eos_ids, metrics, admission, policy).run()
+             committer, eos_ids, metrics, admission, policy, capture_every_k).run()
 
 
 class CallLoop:
@@ -60,7 +61,7 @@ class CallLoop:
 
     def __init__(self, runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, waves: FastRows,
                  committer: Committer, eos_ids: list[int], metrics: SpecMetrics, admission: Admission,
-                 policy: SpeculationLength):
+                 policy: SpeculationLength, capture_every_k: bool = False):
         self.runner, self.batch, self.spec, self.waves, self.committer = runner, batch, spec, waves, committer
         self.criteria = committer.criteria
         # host work on each sync's tokens (criteria, a streamer): no round may start before it is done
@@ -69,6 +70,7 @@ class CallLoop:
         self.rows: list = []
         self.generated: dict[int, int] = {}  # batch row -> new tokens, as of the last sync
         self.priced: set[int] = set()  # buckets whose graphs the adaptive policy has timed
+        self.capture_every_k = capture_every_k  # SpecConfig.capture_every_k
         self.verdicts: Optional[tuple] = None  # the last round's, for the policy once the next one is launched
 
     def run(self) -> None:
@@ -147,9 +149,10 @@ class CallLoop:
 
     def _price(self, bucket: int) -> None:
         """The two ends of k price every k between them (round_costs.py's line), timed clean; another k's graphs
-        are captured when the policy first picks it (that round is not timed), so warm-up does not grow with k."""
+        are captured when the policy first picks it (that round is not timed), so warm-up does not grow with k,
+        unless ``SpecConfig.capture_every_k`` asks for every k now."""
         ends = sorted({0, self.spec.k})
-        self.runner.capture(ends)
+        self.runner.capture(range(self.spec.k + 1) if self.capture_every_k else ends)
         if self.runner.graphed and not self.policy.has_costs(bucket):
             for k, seconds in self.runner.time_rounds(ends).items():
                 for sample in seconds:
