@@ -5,9 +5,11 @@ row (a decode step at b = 1; more rows run ``F.linear`` itself), both are timed 
 ``--calls`` launches, rotating over enough weight copies that no launch finds its weight in L2 (as in a model,
 where every layer has its own). Prints us per call, the read rate (weight bytes / time) and cuBLAS /
 Triton. ``--sweep`` tries every configuration and keeps the best; else the table's own (``gemv_config``; where it
-has none, the "Triton" column is cuBLAS again, through ``decode_linear_triton``'s fallback).
+has none, the "Triton" column is cuBLAS again, through ``decode_linear_triton``'s fallback). ``--pdl off,on``
+times the kernel launched without and with programmatic dependent launch (``kernels/pdl.py``: consecutive
+launches overlap, as a layer's kernels do in the model); ``--sweep-pdl on`` sweeps only with it on.
 
-    python benchmarks/decode_linear.py --out decode_linear.json [--sweep]
+    python benchmarks/decode_linear.py --out decode_linear.json [--sweep] [--pdl off,on]
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script from anywhere
 
 from hf_specdec.kernels import decode_linear_triton as dl  # noqa: E402
+from hf_specdec.kernels.pdl import ENV as PDL_ENV  # noqa: E402
 
 SHAPES = {  # name: (out features N, in features K)
     "8b.qkv": (6144, 4096), "8b.o": (4096, 4096), "8b.gate_up": (28672, 4096), "8b.down": (4096, 14336),
@@ -30,7 +33,7 @@ SHAPES = {  # name: (out features N, in features K)
     "1b.qkv": (3072, 2048), "1b.o": (2048, 2048), "1b.gate_up": (16384, 2048), "1b.down": (2048, 8192),
     "1b.lm_head": (128256, 2048), "1b.lm_head_32k": (32768, 2048),
 }
-SWEEP = {"block_n": (2, 4, 8, 16, 32), "block_k": (128, 256, 512, 1024), "num_warps": (2, 4, 8), "num_stages": (2, 4)}
+SWEEP = {"block_n": (1, 2, 4, 8), "block_k": (256, 512, 1024), "num_warps": (2, 4, 8), "num_stages": (1, 2)}
 L2_CLEAR_BYTES = 256 << 20
 
 
@@ -73,6 +76,8 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--calls", type=int, default=40)
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--pdl", default="off,on", help="launch modes to time: off, on or both")
+    parser.add_argument("--sweep-pdl", default="on", help="the modes in which --sweep sweeps (else the table's)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     dtype, device = torch.bfloat16, torch.device("cuda")
@@ -86,27 +91,30 @@ def main() -> None:
             x = torch.randn(m, k, dtype=dtype, device=device)
             ref = F.linear(x, weights[0])
             cublas = graph_time_us(lambda a, w: F.linear(a, w), weights, x, args.calls)
-            best = None
-            for cfg in configs(args.sweep):
+            for pdl in args.pdl.split(","):
+                os.environ[PDL_ENV] = "1" if pdl == "on" else "0"
+                best = None
+                for cfg in configs(args.sweep and pdl in args.sweep_pdl.split(",")):
+                    dl.LAUNCH_OVERRIDE.clear()
+                    dl.LAUNCH_OVERRIDE.update(cfg)
+                    try:
+                        err = (dl.decode_linear_triton(x, weights[0], None).float() - ref.float()).abs().max().item()
+                        us = graph_time_us(lambda a, w: dl.decode_linear_triton(a, w, None), weights, x, args.calls)
+                    except Exception as exc:  # noqa: BLE001  (a configuration out of resources: skip it)
+                        print(f"  {name} m={m} {cfg}: {type(exc).__name__}")
+                        continue
+                    if best is None or us < best[0]:
+                        best = (us, dl.gemv_config(n, k, device), err)
                 dl.LAUNCH_OVERRIDE.clear()
-                dl.LAUNCH_OVERRIDE.update(cfg)
-                try:
-                    err = (dl.decode_linear_triton(x, weights[0], None).float() - ref.float()).abs().max().item()
-                    us = graph_time_us(lambda a, w: dl.decode_linear_triton(a, w, None), weights, x, args.calls)
-                except Exception as exc:  # noqa: BLE001  (a configuration out of resources: skip it)
-                    print(f"  {name} m={m} {cfg}: {type(exc).__name__}")
-                    continue
-                if best is None or us < best[0]:
-                    best = (us, dl.gemv_config(n, k, device), err)
-            dl.LAUNCH_OVERRIDE.clear()
-            gb = n * k * 2 / 1e9
-            row = {"shape": name, "n": n, "k": k, "rows": m, "cublas_us": cublas, "triton_us": best[0],
-                   "config": best[1], "max_abs_err": best[2], "cublas_tbs": gb / cublas * 1e3,
-                   "triton_tbs": gb / best[0] * 1e3, "cublas_over_triton": cublas / best[0]}
-            result["rows"].append(row)
-            print(f"{name:15s} m={m:2d} cublas {cublas:8.2f} us {row['cublas_tbs']:5.2f} TB/s | triton "
-                  f"{best[0]:8.2f} us {row['triton_tbs']:5.2f} TB/s | x{row['cublas_over_triton']:.2f} {best[1]}",
-                  flush=True)
+                gb = n * k * 2 / 1e9
+                row = {"shape": name, "n": n, "k": k, "rows": m, "pdl": pdl, "cublas_us": cublas, "triton_us": best[0],
+                       "config": best[1], "max_abs_err": best[2], "cublas_tbs": gb / cublas * 1e3,
+                       "triton_tbs": gb / best[0] * 1e3, "cublas_over_triton": cublas / best[0]}
+                result["rows"].append(row)
+                print(f"{name:15s} m={m:2d} pdl={pdl:3s} cublas {cublas:8.2f} us {row['cublas_tbs']:5.2f} TB/s | triton "
+                      f"{best[0]:8.2f} us {row['triton_tbs']:5.2f} TB/s | x{row['cublas_over_triton']:.2f} {best[1]}",
+                      flush=True)
+            os.environ.pop(PDL_ENV, None)
         del weights
         torch.cuda.empty_cache()
     if args.out:

@@ -48,6 +48,7 @@ every batch size.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -168,22 +169,23 @@ def kernel_summary(piece, layers: int, device: torch.device, replays: int = 5, t
 
 
 def runner_call(target, draft, k: int, batch: int, args, device: torch.device):
-    """One greedy generate() on the runner at fixed k (k = 0: plain decoding, no draft); its spec_metrics."""
+    """One greedy generate() on the runner at fixed k (k = 0: plain decoding, no draft): its spec_metrics and a
+    digest of its tokens (two runs of the same code and weights, e.g. ``HF_SPECDEC_PDL`` on and off, must agree)."""
     cuda = device.type == "cuda"
     spec = hf_specdec.SpecConfig(num_speculative_tokens=k, adaptive=False, cuda_graphs=True if cuda else None,
                                  compile=True if cuda else None)
     out = target.generate(**random_prompt(target.config.vocab_size, batch, args.prompt, device),
                           max_new_tokens=args.new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0,
                           assistant_model=draft if k else None, spec_config=spec, return_dict_in_generate=True)
-    return out.spec_metrics
+    return out.spec_metrics, hashlib.sha256(out.sequences.cpu().numpy().tobytes()).hexdigest()[:16]
 
 
 def runner_costs(target, draft, batch: int, args, device: torch.device) -> dict:
     """Our steps at ``batch`` rows (ms), the k = 0 wall step, and the kernels of a target and a draft step."""
-    row = {"batch": batch, "fast_path": {}, "call_s": {}, "verify": {}, "kernels": {}}
+    row = {"batch": batch, "fast_path": {}, "call_s": {}, "verify": {}, "kernels": {}, "tokens_sha256": {}}
     for k in sorted({0, ROUND_K} | {t - 1 for t in VERIFY_TOKENS}):
         start = time.perf_counter()
-        metrics = runner_call(target, draft, k, batch, args, device)
+        metrics, row["tokens_sha256"][str(k)] = runner_call(target, draft, k, batch, args, device)
         row["fast_path"][str(k)], row["call_s"][str(k)] = metrics.fast_path, round(time.perf_counter() - start, 2)
         runner = runner_for(target, draft if k else None)
         costs, pieces = timed_stages(runner, batch, args.repeats)
@@ -192,7 +194,7 @@ def runner_costs(target, draft, batch: int, args, device: torch.device) -> dict:
         if k == 0:
             row["target_step"], row["plain_round"] = costs["target_step"], costs["round"]
             row["kernels"]["target"] = kernel_summary(pieces["target_step"], target.config.num_hidden_layers, device)
-            steady = runner_call(target, None, 0, batch, args, device)  # the same call again: no capture in it
+            steady, _ = runner_call(target, None, 0, batch, args, device)  # the same call again: no capture in it
             row["plain_step_wall"] = steady.decode_seconds * 1e3 / max(steady.num_rounds, 1)
         if k == ROUND_K:
             row.update({name: costs[name] for name in ("draft_step", "draft_first_step", "propose",

@@ -19,7 +19,7 @@ from hf_specdec.runner.stage_timing import time_stages
 
 def head_costs(target, head, row: dict, run_call, args) -> dict:
     """The head's costs at ``row``'s batch size (ms), its ratios to the target's step and its projection."""
-    metrics = run_call(target, head, ROUND_K, row["batch"], args)
+    metrics, _ = run_call(target, head, ROUND_K, row["batch"], args)
     costs = time_stages(runner_for(target, head), bucket_for(row["batch"]), args.repeats)
     out = {"fast_path": metrics.fast_path, "head_step": costs["draft_step"],
            "head_first_step": costs["draft_first_step"], "propose": costs["propose"], "round": costs["round"],

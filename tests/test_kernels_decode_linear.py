@@ -78,6 +78,7 @@ def test_strided_weight_or_bias_runs_linear_itself():
 
 def test_config_table_is_for_hopper_shapes_only(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     cpu = torch.device("cpu")
     assert dl.gemv_config(4096, 4096, cpu) is not None  # 8B o_proj: the GEMV beat cuBLAS
     assert dl.gemv_config(128256, 2048, cpu) is not None  # a 1B output layer
@@ -89,6 +90,19 @@ def test_config_table_is_for_hopper_shapes_only(monkeypatch):
     assert dl.gemv_config(4096, 14336, cpu) is None  # 8B down_proj
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     assert dl.gemv_config(4096, 4096, cpu) is None  # not measured there: cuBLAS
+
+
+@pytest.mark.parametrize("name", ["NVIDIA H200", "NVIDIA GH200 480GB"])
+def test_h200_table_leaves_output_layers_to_cublas(monkeypatch, name):
+    """On an H200 cuBLAS reads a 128k-token output layer faster than the GEMV; o_proj still goes to the GEMV."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    cpu = torch.device("cpu")
+    assert dl.gpu_table(cpu) == "H200"
+    assert dl.gemv_config(128256, 4096, cpu) is None and dl.gemv_config(128256, 2048, cpu) is None
+    assert dl.gemv_config(4096, 4096, cpu)["block_n"] == 8  # the H200's own launch, not the H100's
+    assert dl.gemv_config(2048, 2048, cpu) is not None
+    assert dl.gemv_config(28672, 4096, cpu) is None
 
 
 def test_op_schema_and_reference():

@@ -1,9 +1,10 @@
-"""The Triton kernels not yet run on a GPU when they were written (the round's commit and step metadata) compile for
-a Hopper GPU (sm_90: cubin through the wheel's ptxas), with no GPU.
+"""Triton kernels compile for a Hopper GPU (sm_90: cubin through the wheel's ptxas), with no GPU: those not yet run
+on a GPU when they were written (the round's commit and step metadata), and the layer kernels' programmatic
+dependent launch variants (``USE_PDL``: the GEMV, the K/V write and the split-KV combine).
 
 CPU tests run the kernels under Triton's interpreter, which executes their Python but never lowers them; a
 construct the compiler refuses would first fail on a GPU. This builds every variant the runner can launch
-(commit: both run widths; step metadata) in a process without ``TRITON_INTERPRET``.
+(commit: both run widths; step metadata; the PDL variants) in a process without ``TRITON_INTERPRET``.
 """
 import os
 import pathlib
@@ -41,6 +42,27 @@ kernel = triton.compile(ASTSource(fn=sm._step_metadata_kernel, signature=sig, co
                         target=target, options=dict(num_warps=4))
 assert kernel.asm["cubin"], "no cubin"
 built += 1
+from hf_specdec.kernels import decode_linear_triton as dl, paged_attention_triton as pa
+pdl = dict(options=dict(num_warps=4, launch_pdl=True))
+variants = [
+    (dl._gemv_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", bias_ptr="*bf16", y_ptr="*bf16", N="i32", K="i32",
+                           stride_wn="i32"), dict(HAS_BIAS=False, BLOCK_N=4, BLOCK_K=512)),
+    (pa._write_kv_kernel, dict(key_ptr="*bf16", value_ptr="*bf16", key_cache_ptr="*bf16", value_cache_ptr="*bf16",
+                               slot_ptr="*i64", **{n: "i32" for n in (
+                                   "num_kv_heads", "head_dim", "block_size", "stride_kt", "stride_kh", "stride_vt",
+                                   "stride_vh", "stride_kc_blk", "stride_kc_pos", "stride_kc_h", "stride_vc_blk",
+                                   "stride_vc_pos", "stride_vc_h")}), dict(BLOCK_H=8, BLOCK_D=128)),
+    (pa._combine_kv_splits_kernel, dict(out_ptr="*bf16", part_acc_ptr="*fp32", part_ml_ptr="*fp32", num_heads="i32",
+                                        head_dim="i32", stride_ot="i32", stride_oh="i32", num_kv_splits="i32"),
+     dict(BLOCK_S=16, BLOCK_D=128)),
+]
+for fn, sig, constexprs in variants:
+    constexprs = dict(constexprs, USE_PDL=True)
+    sig = dict(sig, **{name: "constexpr" for name in constexprs})
+    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=target, **pdl)
+    assert "griddepcontrol.wait" in kernel.asm["ptx"] and "griddepcontrol.launch_dependents" in kernel.asm["ptx"]
+    assert kernel.asm["cubin"], "no cubin"
+    built += 1
 print("built", built)
 """
 
@@ -54,4 +76,4 @@ def test_kernels_build_for_hopper(tmp_path):
     done = subprocess.run([sys.executable, "-c", _BUILD], cwd=root, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
-    assert "built 3" in done.stdout, done.stdout
+    assert "built 6" in done.stdout, done.stdout

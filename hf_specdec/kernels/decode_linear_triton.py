@@ -1,30 +1,35 @@
 """Decode-shaped linear layers: ``y = x W^T (+ b)`` for one row of ``x``, where cuBLAS leaves bandwidth unused.
 
 A decode step at b = 1 multiplies one row by each weight: a GEMV, bound by reading ``W`` once. For some
-shapes cuBLAS's kernel leaves part of an H100 idle (an 8B-shaped o_proj, 4096 x 4096, read at 2.0 TB/s with a
-split-K reduction after it, against 2.9 TB/s for gate/up). ``_gemv_kernel``: every program owns ``BLOCK_N``
-rows of ``W`` and walks ``K`` in tiles of ``BLOCK_K`` (the contiguous axis, so loads are wide), each lane
-accumulating in float32:
+shapes cuBLAS's kernel leaves part of the GPU idle (on an H100 an 8B-shaped o_proj, 4096 x 4096, read at
+2.0 TB/s with a split-K reduction after it, against 2.9 TB/s for gate/up). ``_gemv_kernel``: every program
+owns ``BLOCK_N`` rows of ``W`` and walks ``K`` in tiles of ``BLOCK_K`` (the contiguous axis, so loads are
+wide), each lane accumulating in float32, the next tile's load in flight while one is summed:
 
     acc[n, j] += W[n, k0 + j] * x[k0 + j]     for k0 = 0, BLOCK_K, ...
     y[n]       = sum_j acc[n, j] + b[n]       (stored in x's dtype)
 
-Grid ``(cdiv(N, BLOCK_N),)`` with ``BLOCK_N`` of 2-4: even a 2048-row weight spreads over every SM. ``N`` and
-``K`` are runtime ints; the launch configuration comes from ``gemv_config``, a table of the shapes where the
-kernel beat cuBLAS on an H100 (``benchmarks/decode_linear.py``; it sweeps through ``LAUNCH_OVERRIDE``):
+The first weight tile reads no other kernel's output, so under programmatic dependent launch (``pdl.py``) it
+loads before the kernel waits for the previous one: a layer's weight read starts during the kernel before it.
 
-    weight (N x K)            cuBLAS us   this kernel us   (one launch of 40 in a graph, weights not in L2)
-    8B o_proj 4096 x 4096       16.72        14.49
-    8B lm_head 128256 x 4096   368.81       351.12
-    1B q/k/v 3072 x 2048         7.39         6.92
-    1B o_proj 2048 x 2048        6.41         5.62
-    1B down 2048 x 8192         16.39        14.84
-    1B lm_head 128256 x 2048   188.13       178.97
+Grid ``(cdiv(N, BLOCK_N),)``: even a 2048-row weight spreads over every SM. ``N`` and ``K`` are runtime ints;
+the launch configuration comes from ``gemv_config``, per GPU a table of the shapes where the kernel beat cuBLAS
+(``benchmarks/decode_linear.py --sweep``, one launch of 40 in a graph, weights not in L2; us per call):
 
-Elsewhere ``decode_linear_triton`` calls ``F.linear`` (cuBLAS) itself: gate/up, an 8B down_proj and a 32k-token
-output layer (0.96-1.01x at the sweep's best configuration, so no gain), 8B q/k/v (1.01x at its best, 0.84x at
-the o_proj configuration: inside the model's step 25 us against cuBLAS's 21), any shape not measured, other
-GPUs, several rows, float32, a weight or bias with a stride along its last dimension.
+    weight (N x K)            H200: cuBLAS   GEMV with PDL     H100: cuBLAS   GEMV (before PDL)
+    8B o_proj 4096 x 4096           13.24    12.05                   16.72    14.49
+    8B lm_head 128256 x 4096       247.81    (307.35: cuBLAS)       368.81   351.12
+    1B q/k/v 3072 x 2048             6.43     6.08                    7.39     6.92
+    1B o_proj 2048 x 2048            6.05     4.30                    6.41     5.62
+    1B down 2048 x 8192             13.57    12.53                   16.39    14.84
+    1B lm_head 128256 x 2048       125.69    (157.25: cuBLAS)       188.13   178.97
+
+(H200 2026-11-27, H100 2026-11-25.) With PDL off (the default) the H200's entries run level with cuBLAS inside
+a model step (8B o_proj 13.2 us a call there); its gain that day came from giving the output layers back to
+cuBLAS (8B: 391 -> 248 us a step). Elsewhere ``decode_linear_triton`` calls ``F.linear`` (cuBLAS) itself:
+gate/up, an 8B down_proj, 8B q/k/v, a 32k-token output layer, every output layer on an H200 (its cuBLAS reads
+them at 4.2 TB/s), any shape not measured, other GPUs, several rows, float32, a weight or bias with a stride
+along its last dimension.
 """
 from __future__ import annotations
 
@@ -36,53 +41,79 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from .pdl import pdl_launch
+
 # Tuning knobs for benchmarks/decode_linear.py's sweep: {"block_n", "block_k", "num_warps", "num_stages"}.
 LAUNCH_OVERRIDE: dict = {}
 
 
 @triton.jit(do_not_specialize=["N", "K"])
 def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, N, K, stride_wn,
-                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     n_in = rn < N
     w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :]
+    # The weight is no kernel's output: its first tile loads before the PDL wait, beside the previous kernel.
+    w = tl.load(w_ptrs, mask=n_in[:, None] & (rk < K)[None, :], other=0.0, eviction_policy="evict_first")
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        k_in = rk < K - k0
-        x = tl.load(x_ptr + k0 + rk, mask=k_in, other=0.0).to(tl.float32)
-        w = tl.load(w_ptrs, mask=n_in[:, None] & k_in[None, :], other=0.0, eviction_policy="evict_first")
+        x = tl.load(x_ptr + k0 + rk, mask=rk < K - k0, other=0.0).to(tl.float32)
         acc += w.to(tl.float32) * x[None, :]
-        w_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K  # the next tile, in flight while this one is summed (none past the last)
+        w = tl.load(w_ptrs, mask=n_in[:, None] & (rk < K - k0 - BLOCK_K)[None, :], other=0.0,
+                    eviction_policy="evict_first")
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(bias_ptr + rn, mask=n_in, other=0.0).to(tl.float32)
     tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=n_in)
 
 
-# (N, K) -> launch, for the weights measured on an H100 (benchmarks/decode_linear.py), where the GEMV won.
+# Per GPU, (N, K) -> launch for the weights where the GEMV won (benchmarks/decode_linear.py --sweep).
 _MEASURED = {
-    (4096, 4096): dict(block_n=4, block_k=512, num_warps=8, num_stages=2),  # 8B o_proj
-    (3072, 2048): dict(block_n=2, block_k=512, num_warps=2, num_stages=4),  # 1B q/k/v
-    (2048, 2048): dict(block_n=2, block_k=512, num_warps=2, num_stages=4),  # 1B o_proj
-    (2048, 8192): dict(block_n=4, block_k=1024, num_warps=4, num_stages=2),  # 1B down_proj
+    "H100": {
+        (4096, 4096): dict(block_n=4, block_k=512, num_warps=8, num_stages=2),  # 8B o_proj
+        (3072, 2048): dict(block_n=2, block_k=512, num_warps=2, num_stages=4),  # 1B q/k/v
+        (2048, 2048): dict(block_n=2, block_k=512, num_warps=2, num_stages=4),  # 1B o_proj
+        (2048, 8192): dict(block_n=4, block_k=1024, num_warps=4, num_stages=2),  # 1B down_proj
+    },
+    "H200": {  # measured with PDL on
+        (4096, 4096): dict(block_n=8, block_k=512, num_warps=8, num_stages=2),  # 8B o_proj
+        (3072, 2048): dict(block_n=4, block_k=1024, num_warps=2, num_stages=2),  # 1B q/k/v
+        (2048, 2048): dict(block_n=1, block_k=512, num_warps=4, num_stages=2),  # 1B o_proj
+        (2048, 8192): dict(block_n=4, block_k=1024, num_warps=4, num_stages=2),  # 1B down_proj
+    },
 }
-# An output layer over a large vocabulary (measured at 128256 tokens), by hidden size.
+# An output layer over a large vocabulary (measured at 128256 tokens), by hidden size; none on an H200.
 _OUTPUT_LAYER = {
-    4096: dict(block_n=4, block_k=1024, num_warps=4, num_stages=4),
-    2048: dict(block_n=4, block_k=512, num_warps=2, num_stages=2),
+    "H100": {
+        4096: dict(block_n=4, block_k=1024, num_warps=4, num_stages=4),
+        2048: dict(block_n=4, block_k=512, num_warps=2, num_stages=2),
+    },
+    "H200": {},
 }
+
+
+def gpu_table(device: torch.device) -> Optional[str]:
+    """Which measured table applies: "H200" for Hopper with HBM3e (H200, GH200), "H100" for other Hopper GPUs."""
+    if torch.cuda.get_device_capability(device)[0] != 9:
+        return None
+    return "H200" if "H200" in torch.cuda.get_device_name(device) else "H100"
 
 
 def gemv_config(n: int, k: int, device: torch.device) -> Optional[dict]:
-    """The launch for an ``(n, k)`` weight where the kernel beat cuBLAS (measured on Hopper), else None."""
+    """The launch for an ``(n, k)`` weight where the kernel beat cuBLAS on this GPU, else None."""
     if LAUNCH_OVERRIDE:
         return dict(LAUNCH_OVERRIDE)
-    if torch.cuda.get_device_capability(device)[0] != 9:
+    table = gpu_table(device)
+    if table is None:
         return None
     if n >= 65536:
-        return _OUTPUT_LAYER.get(k)
-    return _MEASURED.get((n, k))
+        return _OUTPUT_LAYER[table].get(k)
+    return _MEASURED[table].get((n, k))
 
 
 def decode_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -104,5 +135,5 @@ def decode_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[t
         _gemv_kernel[(triton.cdiv(N, cfg["block_n"]),)](
             x1, weight, bias if bias is not None else weight, y, N, K, weight.stride(0),
             HAS_BIAS=bias is not None, BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"],
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(x.device))
     return y.reshape(*x.shape[:-1], N)

@@ -48,6 +48,7 @@ import triton
 import triton.language as tl
 
 from .acceptance_common_triton import _num_programs_target
+from .pdl import pdl_launch
 
 # Triton's CPU interpreter multiplies bfloat16 tiles as raw bits in tl.dot; there (only) the
 # kernel upcasts bfloat16 operands to float32. Compiled kernels use bfloat16 tensor-core dots.
@@ -61,8 +62,11 @@ def _write_kv_kernel(
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_kc_blk, stride_kc_pos, stride_kc_h,
     stride_vc_blk, stride_vc_pos, stride_vc_h,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # wait before reading what earlier kernels wrote, then let the next kernel start (kernels/pdl.py)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot >= 0:
@@ -102,7 +106,7 @@ def write_kv_to_slots_triton(
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         BLOCK_H=triton.next_power_of_2(KVH), BLOCK_D=triton.next_power_of_2(D),
-        num_warps=4 if KVH * D >= 1024 else 1,
+        num_warps=4 if KVH * D >= 1024 else 1, **pdl_launch(key.device),
     )
 
 
@@ -119,7 +123,11 @@ def _paged_attention_kernel(
     num_kv_splits,  # a runtime int: every split count runs the same compiled kernel
     HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE_FP32: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # wait before reading what earlier kernels wrote, then let the next kernel start (kernels/pdl.py)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     # Typed scalars: a float arriving as fp64 would turn the online softmax's carried m_i into fp64.
     scale = tl.cast(scale, tl.float32)
     softcap = tl.cast(softcap, tl.float32)
@@ -218,9 +226,12 @@ def _paged_attention_kernel(
 
 @triton.jit(do_not_specialize=["num_kv_splits"])
 def _combine_kv_splits_kernel(out_ptr, part_acc_ptr, part_ml_ptr, num_heads, head_dim, stride_ot, stride_oh,
-                              num_kv_splits, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+                              num_kv_splits, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr):
     """out[t, h] = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s over the KV splits (``BLOCK_S`` covers
     the largest split count the launcher can choose; lanes past ``num_kv_splits`` are masked)."""
+    if USE_PDL:  # wait before reading what earlier kernels wrote, then let the next kernel start (kernels/pdl.py)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0)
     h = tl.program_id(1)
     sp = tl.arange(0, BLOCK_S)
@@ -320,11 +331,11 @@ def paged_attention_triton(
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_tables.stride(0),
-        part_acc, part_ml, num_kv_splits=splits, **attention,
+        part_acc, part_ml, num_kv_splits=splits, **attention, **pdl_launch(query.device),
     )
     if splits > 1:
         _combine_kv_splits_kernel[(T, H)](out, part_acc, part_ml, H, D, out.stride(0), out.stride(1),
-                                          num_kv_splits=splits, **combine)
+                                          num_kv_splits=splits, **combine, **pdl_launch(query.device))
     return out
 
 
