@@ -33,7 +33,8 @@ SHAPES = {  # name: (out features N, in features K)
     "1b.qkv": (3072, 2048), "1b.o": (2048, 2048), "1b.gate_up": (16384, 2048), "1b.down": (2048, 8192),
     "1b.lm_head": (128256, 2048), "1b.lm_head_32k": (32768, 2048),
 }
-SWEEP = {"block_n": (1, 2, 4, 8), "block_k": (256, 512, 1024), "num_warps": (2, 4, 8), "num_stages": (1, 2)}
+# Every launch either table holds (the H200's sweep of 2026-11-27 ran without block_k 128 and 4 stages: 72 launches).
+SWEEP = {"block_n": (1, 2, 4, 8), "block_k": (128, 256, 512, 1024), "num_warps": (2, 4, 8), "num_stages": (1, 2, 4)}
 L2_CLEAR_BYTES = 256 << 20
 
 
@@ -82,6 +83,7 @@ def main() -> None:
     args = parser.parse_args()
     dtype, device = torch.bfloat16, torch.device("cuda")
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": str(dtype), "rows": []}
+    user_pdl = os.environ.get(PDL_ENV)
     print(result["gpu"], result["torch"])
     for name in args.shapes.split(","):
         n, k = SHAPES[name]
@@ -106,6 +108,9 @@ def main() -> None:
                     if best is None or us < best[0]:
                         best = (us, dl.gemv_config(n, k, device), err)
                 dl.LAUNCH_OVERRIDE.clear()
+                if best is None:
+                    print(f"{name} m={m} pdl={pdl}: no configuration ran", flush=True)
+                    continue
                 gb = n * k * 2 / 1e9
                 row = {"shape": name, "n": n, "k": k, "rows": m, "pdl": pdl, "cublas_us": cublas, "triton_us": best[0],
                        "config": best[1], "max_abs_err": best[2], "cublas_tbs": gb / cublas * 1e3,
@@ -114,7 +119,10 @@ def main() -> None:
                 print(f"{name:15s} m={m:2d} pdl={pdl:3s} cublas {cublas:8.2f} us {row['cublas_tbs']:5.2f} TB/s | triton "
                       f"{best[0]:8.2f} us {row['triton_tbs']:5.2f} TB/s | x{row['cublas_over_triton']:.2f} {best[1]}",
                       flush=True)
-            os.environ.pop(PDL_ENV, None)
+            if user_pdl is None:
+                os.environ.pop(PDL_ENV, None)
+            else:
+                os.environ[PDL_ENV] = user_pdl
         del weights
         torch.cuda.empty_cache()
     if args.out:

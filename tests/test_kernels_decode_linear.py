@@ -98,7 +98,7 @@ def test_h200_table_leaves_output_layers_to_cublas(monkeypatch, name):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     cpu = torch.device("cpu")
-    assert dl.gpu_table(cpu) == "H200"
+    assert dl.measured_gpu(cpu) == "H200"
     assert dl.gemv_config(128256, 4096, cpu) is None and dl.gemv_config(128256, 2048, cpu) is None
     assert dl.gemv_config(4096, 4096, cpu)["block_n"] == 8  # the H200's own launch, not the H100's
     assert dl.gemv_config(2048, 2048, cpu) is not None

@@ -97,9 +97,9 @@ _OUTPUT_LAYER = {
 }
 
 
-def gpu_table(device: torch.device) -> Optional[str]:
-    """Which measured table applies: "H200" for Hopper with HBM3e (H200, GH200), "H100" for other Hopper GPUs."""
-    if torch.cuda.get_device_capability(device)[0] != 9:
+def measured_gpu(device: torch.device) -> Optional[str]:
+    """Whose table applies: "H200" for Hopper with HBM3e (H200, GH200), "H100" for other NVIDIA Hopper GPUs."""
+    if torch.version.hip is not None or torch.cuda.get_device_capability(device)[0] != 9:
         return None
     return "H200" if "H200" in torch.cuda.get_device_name(device) else "H100"
 
@@ -108,12 +108,12 @@ def gemv_config(n: int, k: int, device: torch.device) -> Optional[dict]:
     """The launch for an ``(n, k)`` weight where the kernel beat cuBLAS on this GPU, else None."""
     if LAUNCH_OVERRIDE:
         return dict(LAUNCH_OVERRIDE)
-    table = gpu_table(device)
-    if table is None:
+    gpu = measured_gpu(device)
+    if gpu is None:
         return None
     if n >= 65536:
-        return _OUTPUT_LAYER[table].get(k)
-    return _MEASURED[table].get((n, k))
+        return _OUTPUT_LAYER[gpu].get(k)
+    return _MEASURED[gpu].get((n, k))
 
 
 def decode_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:

@@ -7,16 +7,20 @@ until the previous kernel has finished and its writes are visible. Work that rea
 wrote (a GEMV's first weight tile) goes before the wait and overlaps the previous kernel's tail.
 
 The rule every kernel here follows, so that chains stay safe: **wait before trigger**. A kernel calls
-``gdc_wait`` before it reads anything another kernel wrote and before its ``gdc_launch_dependents``; so a
-kernel that may start is one whose predecessors have all finished. Only our kernels launch this way: they
-compute the same values with PDL on and off (greedy logits bit-identical at b = 1 and 32, H100). Inductor's
-own PDL (``TORCHINDUCTOR_ENABLE_PDL=1``, off by default) changed the logits at b = 32 in the same test, for a
-reason not found, so the runner does not turn it on (a user who sets it gets it; the compile cache keys on it).
+``gdc_wait`` first, before it reads anything another kernel wrote, stores anything or calls
+``gdc_launch_dependents``; so a kernel that may start is one whose predecessors have all finished. Only our
+kernels launch this way. Inductor's own PDL (``TORCHINDUCTOR_ENABLE_PDL=1``, off by default) does not follow
+that rule everywhere (a kernel may load before its wait, or not wait when the kernel just before it wrote
+nothing it reads), and in a probe (H100, 4 layers of an 8B-shaped target) it changed the logits at b = 32,
+cause not found; switching ours on and off beside it left them bit-identical at b = 1 and 32. The runner never
+turns Inductor's on (a user who sets it gets it; the compile cache keys on it). ``benchmarks/pdl_check.py``
+repeats that probe.
 
-Off by default: ``HF_SPECDEC_PDL=1`` turns it on, on compute capability 9.0 and later (the compile cache keys on
-the setting). Measured on 2026-11-27 with both ours and Inductor's on: at b = 1 an 8B-shaped target step went
-from 4.80 to 4.66 ms and a 1B-shaped draft step from 1.24 to 1.16 ms (H200), but at b = 32 an H100 was slower
-(7.60 -> 8.00 ms). Ours alone has not been timed yet.
+Off by default: ``HF_SPECDEC_PDL=1`` turns it on, on compute capability 9.0 and later. It is read at each
+launch (under CUDA graphs: at capture), not compiled into Inductor's code, which calls our kernels as opaque ops.
+Timed with both ours and Inductor's on (docs/evals.md §1c): at b = 1 an 8B-shaped target step went from 4.80 to
+4.66 ms and a 1B-shaped draft step from 1.24 to 1.16 ms (H200), but at b = 32 an H100 was slower (7.60 -> 8.00
+ms). Ours alone has not been timed.
 """
 from __future__ import annotations
 
@@ -25,16 +29,23 @@ import os
 import torch
 
 ENV = "HF_SPECDEC_PDL"
+_ON = {"1", "true", "yes", "on"}
 
 
 def pdl_enabled(device: torch.device) -> bool:
-    """Whether kernels on ``device`` launch with PDL: ``HF_SPECDEC_PDL=1``, a CUDA device of compute capability 9.0
-    or later, compiled kernels (not Triton's interpreter)."""
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+    """Whether kernels on ``device`` launch with PDL: ``HF_SPECDEC_PDL=1``, an NVIDIA GPU of compute capability 9.0
+    or later, compiled kernels (not Triton's interpreter) and a Triton with grid dependency control."""
+    if device.type != "cuda" or torch.version.hip is not None:
         return False
-    if os.environ.get(ENV, "0").strip().lower() not in {"1", "true", "yes", "on"}:
+    if os.environ.get("TRITON_INTERPRET", "0").strip().lower() in _ON:
         return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
+    if os.environ.get(ENV, "0").strip().lower() not in _ON:
+        return False
+    try:
+        import triton.language as tl
+    except ImportError:
+        return False
+    return hasattr(tl.extra.cuda, "gdc_wait") and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def pdl_launch(device: torch.device) -> dict:
