@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 
 from .pdl import pdl_launch
+from .pdl_triton import wait_for_previous_then_release_next
 
 # Tuning knobs for benchmarks/decode_linear.py's sweep: {"block_n", "block_k", "num_warps", "num_stages"}.
 LAUNCH_OVERRIDE: dict = {}
@@ -56,9 +57,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, N, K, stride_wn,
     w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :]
     # The weight is no kernel's output: its first tile loads before the PDL wait, beside the previous kernel.
     w = tl.load(w_ptrs, mask=n_in[:, None] & (rk < K)[None, :], other=0.0, eviction_policy="evict_first")
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    wait_for_previous_then_release_next(USE_PDL)
     acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
     for k0 in range(0, K, BLOCK_K):
         x = tl.load(x_ptr + k0 + rk, mask=rk < K - k0, other=0.0).to(tl.float32)

@@ -49,6 +49,7 @@ import triton.language as tl
 
 from .acceptance_common_triton import _num_programs_target
 from .pdl import pdl_launch
+from .pdl_triton import wait_for_previous_then_release_next
 
 # Triton's CPU interpreter multiplies bfloat16 tiles as raw bits in tl.dot; there (only) the
 # kernel upcasts bfloat16 operands to float32. Compiled kernels use bfloat16 tensor-core dots.
@@ -64,9 +65,7 @@ def _write_kv_kernel(
     stride_vc_blk, stride_vc_pos, stride_vc_h,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    if USE_PDL:  # wait before reading what earlier kernels wrote, then let the next kernel start (kernels/pdl.py)
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    wait_for_previous_then_release_next(USE_PDL)  # before reading what earlier kernels wrote (kernels/pdl.py)
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot >= 0:
@@ -125,9 +124,7 @@ def _paged_attention_kernel(
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    if USE_PDL:  # wait before reading what earlier kernels wrote, then let the next kernel start (kernels/pdl.py)
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    wait_for_previous_then_release_next(USE_PDL)  # before reading what earlier kernels wrote (kernels/pdl.py)
     # Typed scalars: a float arriving as fp64 would turn the online softmax's carried m_i into fp64.
     scale = tl.cast(scale, tl.float32)
     softcap = tl.cast(softcap, tl.float32)
@@ -229,9 +226,7 @@ def _combine_kv_splits_kernel(out_ptr, part_acc_ptr, part_ml_ptr, num_heads, hea
                               num_kv_splits, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr):
     """out[t, h] = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s over the KV splits (``BLOCK_S`` covers
     the largest split count the launcher can choose; lanes past ``num_kv_splits`` are masked)."""
-    if USE_PDL:  # wait before reading what earlier kernels wrote, then let the next kernel start (kernels/pdl.py)
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    wait_for_previous_then_release_next(USE_PDL)  # before reading what earlier kernels wrote (kernels/pdl.py)
     t = tl.program_id(0)
     h = tl.program_id(1)
     sp = tl.arange(0, BLOCK_S)
@@ -317,6 +312,7 @@ def paged_attention_triton(
         B, max_query_len, H, KVH, D, block_tables.shape[1] * key_cache.shape[1], _num_programs_target(query.device),
         query.dtype, sliding_window, softcap)
     block_d = attention["BLOCK_D"]
+    pdl = pdl_launch(query.device)  # the attention's and the combine's launch alike
     if splits > 1:
         part_acc = torch.empty(T, H, splits, block_d, dtype=torch.float32, device=query.device)
         part_ml = torch.empty(T, H, splits, 2, dtype=torch.float32, device=query.device)
@@ -331,11 +327,11 @@ def paged_attention_triton(
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_tables.stride(0),
-        part_acc, part_ml, num_kv_splits=splits, **attention, **pdl_launch(query.device),
+        part_acc, part_ml, num_kv_splits=splits, **attention, **pdl,
     )
     if splits > 1:
         _combine_kv_splits_kernel[(T, H)](out, part_acc, part_ml, H, D, out.stride(0), out.stride(1),
-                                          num_kv_splits=splits, **combine, **pdl_launch(query.device))
+                                          num_kv_splits=splits, **combine, **pdl)
     return out
 
 

@@ -7,14 +7,14 @@ until the previous kernel has finished and its writes are visible. Work that rea
 wrote (a GEMV's first weight tile) goes before the wait and overlaps the previous kernel's tail.
 
 The rule every kernel here follows, so that chains stay safe: **wait before trigger**. A kernel calls
-``gdc_wait`` first, before it reads anything another kernel wrote, stores anything or calls
-``gdc_launch_dependents``; so a kernel that may start is one whose predecessors have all finished. Only our
-kernels launch this way. Inductor's own PDL (``TORCHINDUCTOR_ENABLE_PDL=1``, off by default) does not follow
-that rule everywhere (a kernel may load before its wait, or not wait when the kernel just before it wrote
-nothing it reads), and in a probe (H100, 4 layers of an 8B-shaped target) it changed the logits at b = 32,
-cause not found; switching ours on and off beside it left them bit-identical at b = 1 and 32. The runner never
-turns Inductor's on (a user who sets it gets it; the compile cache keys on it). ``benchmarks/pdl_check.py``
-repeats that probe.
+``gdc_wait`` before it reads anything another kernel wrote, stores anything or calls ``gdc_launch_dependents``
+(``pdl_triton.wait_for_previous_then_release_next``, the one place that does both); so a kernel that may start is
+one whose predecessors have all finished. Only our kernels launch this way. Inductor's own PDL
+(``TORCHINDUCTOR_ENABLE_PDL=1``, off by default) does not follow that rule everywhere (a kernel may load before
+its wait, or not wait when the kernel just before it wrote nothing it reads), and in a probe (H100, 4 layers of
+an 8B-shaped target) it changed the logits at b = 32, cause not found; switching ours on and off beside it left
+them bit-identical at b = 1 and 32. The runner never turns Inductor's on (a user who sets it gets it; the compile
+cache keys on it). ``benchmarks/pdl_check.py`` repeats that probe.
 
 Off by default: ``HF_SPECDEC_PDL=1`` turns it on, on compute capability 9.0 and later. It is read at each
 launch (under CUDA graphs: at capture), not compiled into Inductor's code, which calls our kernels as opaque ops.
