@@ -32,6 +32,12 @@ SHAPES = {  # name: (out features N, in features K)
     "8b.lm_head": (128256, 4096),
     "1b.qkv": (3072, 2048), "1b.o": (2048, 2048), "1b.gate_up": (16384, 2048), "1b.down": (2048, 8192),
     "1b.lm_head": (128256, 2048), "1b.lm_head_32k": (32768, 2048),
+    # the project's pair (evals/build_pair.py): its 453M target's layer (a draft head's), the head's fc, the
+    # shared 16k-token output layer; its 29M draft model
+    "pair.qkv": (2560, 1536), "pair.o": (1536, 1536), "pair.gate_up": (8192, 1536), "pair.down": (1536, 4096),
+    "pair.fc": (1536, 3072), "pair.lm_head": (16384, 1536),
+    "pair_draft.qkv": (1024, 512), "pair_draft.o": (512, 512), "pair_draft.gate_up": (3072, 512),
+    "pair_draft.down": (512, 1536), "pair_draft.lm_head": (16384, 512),
 }
 # Every launch either table holds (the H200's sweep of 2026-11-27 ran without block_k 128 and 4 stages: 72 launches).
 SWEEP = {"block_n": (1, 2, 4, 8), "block_k": (128, 256, 512, 1024), "num_warps": (2, 4, 8), "num_stages": (1, 2, 4)}

@@ -10,7 +10,8 @@ One run, the same prompts and the same max_new_tokens for every method:
   hf_specdec      "fast k=K":  SpecConfig(k), the default: runner + CUDA graphs + compile on CUDA
                   (on CPU the same runner without CUDA graphs)
   runner_plain    "k=0": SpecConfig(num_speculative_tokens=0), no draft: plain decoding on the same runner
-  (--head DIR)    "head k=K": the same with a draft head (hf_specdec.load_draft_head) as the assistant
+  (--head DIR)    "head k=K": the same with a draft head (hf_specdec.load_draft_head) as the assistant;
+                  --head NAME=DIR (repeatable): "head[NAME] k=K" rows, one per head
 
 for greedy and sampling (temperature 1, top_k 0, top_p 1).  For each batch size b the prompts
 are the first n_b of the pool (n_b = max(b, --min-prompts) rounded up to a multiple of b), all
@@ -57,8 +58,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", help="target model dir (save_pretrained)")
     p.add_argument("--draft", help="draft model dir")
-    p.add_argument("--head", default=None, help="a draft head for the target (save_draft_head dir): adds "
-                   "hf_specdec \"head k=K\" rows beside the draft model's")
+    p.add_argument("--head", action="append", default=None, metavar="[NAME=]DIR",
+                   help="a draft head for the target (save_draft_head dir): adds hf_specdec \"head k=K\" rows "
+                   "beside the draft model's; repeat for several heads, named ones give \"head[NAME] k=K\" rows")
     p.add_argument("--build-tiny", action="store_true", help="build (or reuse) a tiny CPU pair and use it")
     p.add_argument("--tiny-dir", default=os.path.join(REPO_ROOT, "runs", "tiny_pair"))
     p.add_argument("--prompts", default=None, help="HumanEval.jsonl(.gz) or any jsonl (default: search known places)")
@@ -334,6 +336,23 @@ def load(args):
     return device, dtype, tok, target, draft
 
 
+def load_heads(specs: list, target, report: dict) -> list:
+    """``[NAME=]DIR`` arguments -> [(row label, head)]: "head" for an unnamed one, "head[NAME]" for a named one."""
+    named = [spec.partition("=") for spec in specs]
+    labels = [f"head[{name}]" if sep else "head" for name, sep, _ in named]
+    for label in set(labels):
+        if labels.count(label) > 1:
+            raise SystemExit(f"--head: {labels.count(label)} heads labelled {label!r}; give each its own NAME=DIR")
+    heads = []
+    for label, (name, sep, path) in zip(labels, named):
+        import hf_specdec
+
+        head = hf_specdec.load_draft_head(path if sep else name, target=target)
+        report["params"][label] = sum(p.numel() for p in head.parameters())
+        heads.append((label, head))
+    return heads
+
+
 def main(argv=None):
     t_start = time.perf_counter()
     args = parse_args(argv)
@@ -341,12 +360,7 @@ def main(argv=None):
     pool, sources, ids, mask, prompt_paths = build_prompt_pool(args, tok)
     report = new_report(args, device, dtype, target, draft, pool, sources, ids.shape[1], prompt_paths)
     bench = Bench(args, device, tok, target, draft, ids.to(device), mask.to(device), report, t_start)
-    bench.head = None
-    if args.head:
-        import hf_specdec
-
-        bench.head = hf_specdec.load_draft_head(args.head, target=target)
-        report["params"]["head"] = sum(p.numel() for p in bench.head.parameters())
+    bench.heads = load_heads(args.head or [], target, report)
     print(f"[e2e] {report['env']['device_name']} ({device}) {report['env']['dtype']}; target "
           f"{report['params']['target']/1e6:.1f}M, draft {report['params']['draft']/1e6:.1f}M params; "
           f"{len(pool)} prompts padded to {bench.P} tokens; max_new_tokens {args.max_new_tokens}", flush=True)

@@ -252,7 +252,7 @@ def head_lines(res):
     heads = [r for r in res if r["method"] == "hf_specdec" and r["variant"].startswith("head") and r.get("tokens_per_s")]
     if not heads:
         return
-    yield (f"{'b':>4} {'mode':<7}{'k':>3}{'head':>9}{'draft':>9}{'head/drf':>9}{'head/cmp':>9}{'len head':>9}"
+    yield (f"{'b':>4} {'mode':<7}{'k':>3} {'head row':<18}{'head':>9}{'draft':>9}{'head/drf':>9}{'head/cmp':>9}{'len head':>9}"
            f"{'len drf':>8}{'step h ms':>10}{'step d ms':>10}{'h/d step':>9}")
     for r in heads:
         b, mode, k = r["batch_size"], r["mode"], r["k"]
@@ -264,7 +264,7 @@ def head_lines(res):
                  (ratio(r["tokens_per_s"], d.get("tokens_per_s")), 9, 2),
                  (ratio(r["tokens_per_s"], comp.get("tokens_per_s")), 9, 2), (r.get("mean_acceptance_length"), 9, 2),
                  (d.get("mean_acceptance_length"), 8, 2), (hs, 10, 3), (ds, 10, 3), (ratio(hs, ds), 9, 2)]
-        yield f"{b:>4} {mode:<7}{k:>3}" + "".join(f(*c) for c in cells)
+        yield f"{b:>4} {mode:<7}{k:>3} {r['variant'].rsplit(' k=', 1)[0]:<18}" + "".join(f(*c) for c in cells)
     yield "(head: the draft head's rows; draft: the draft model's fast rows; len: mean acceptance length)"
 
 

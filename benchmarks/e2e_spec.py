@@ -85,7 +85,7 @@ def run_spec(bench):
         for k in bench.ks:
             spec = hf_specdec.SpecConfig(num_speculative_tokens=k, compile=compile, capture_every_k=every_k)
             run_spec_row(bench, "hf_specdec", f"fast k={k}", b, mode, batches, spec, bench.draft)
-            if getattr(bench, "head", None) is not None:
-                run_spec_row(bench, "hf_specdec", f"head k={k}", b, mode, batches, spec, bench.head)
+            for label, head in getattr(bench, "heads", ()):
+                run_spec_row(bench, "hf_specdec", f"{label} k={k}", b, mode, batches, spec, head)
         run_spec_row(bench, "runner_plain", "k=0", b, mode, batches,
                      hf_specdec.SpecConfig(num_speculative_tokens=0, compile=compile), None)

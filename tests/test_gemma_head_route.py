@@ -40,14 +40,26 @@ def test_gemma_head_against_reduced_draft_end_to_end(tmp_path):
 
     out = tmp_path / "e2e.json"
     run(os.path.join(REPO, "benchmarks", "e2e.py"), "--target", tmp_path / "target", "--draft",
-        tmp_path / "draft" / "draft", "--head", tmp_path / "head", "--device", "cpu", "--dtype", "float32",
+        tmp_path / "draft" / "draft", "--head", tmp_path / "head", "--head", f"again={tmp_path / 'head'}", "--device", "cpu", "--dtype", "float32",
         "--prompts", HUMANEVAL, "--num-prompts", 2, "--min-prompts", 2, "--max-prompt-tokens", 32,
         "--max-new-tokens", 8, "--batch-sizes", 1, "--modes", "greedy,sample", "--repeats", 1, "--no-assisted",
         "--out", out)
     report = json.load(open(out))
     assert report["errors"] == []
     rows = {(r["method"], r["variant"], r["mode"]): r for r in report["results"]}
-    for variant in ("head k=4", "fast k=4"):  # the head, and the reduced draft model
+    for variant in ("head k=4", "head[again] k=4", "fast k=4"):  # the heads, and the reduced draft model
         greedy, sample = rows[("hf_specdec", variant, "greedy")], rows[("hf_specdec", variant, "sample")]
         assert greedy["identical_to_plain_eager_greedy"] == 1.0, greedy  # fp32 CPU: token for token
         assert greedy["new_tokens"] > 0 and sample["new_tokens"] > 0
+
+
+def test_e2e_refuses_two_heads_with_one_label():
+    sys.path.insert(0, REPO)
+    from benchmarks.e2e import load_heads
+
+    try:
+        load_heads(["runs/a", "runs/b"], target=None, report={"params": {}})
+    except SystemExit as exc:
+        assert "2 heads labelled 'head'" in str(exc) and "NAME=DIR" in str(exc)
+    else:
+        raise AssertionError("two unnamed heads were accepted")

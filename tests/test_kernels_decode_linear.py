@@ -88,6 +88,10 @@ def test_config_table_is_for_hopper_shapes_only(monkeypatch):
     assert dl.gemv_config(1024, 4096, cpu) is None  # an unfused 8B k_proj: not measured
     assert dl.gemv_config(151936, 896, cpu) is None  # an output layer of a hidden size not measured
     assert dl.gemv_config(4096, 14336, cpu) is None  # 8B down_proj
+    assert dl.gemv_config(3072, 2048, cpu) is None  # 1B q/k/v: cuBLAS again with PDL off (2026-11-27 sweep)
+    for n, k in ((1024, 512), (512, 512), (3072, 512), (512, 1536)):  # every matmul of the pair's draft model
+        assert dl.gemv_config(n, k, cpu) is not None
+    assert dl.gemv_config(16384, 512, cpu) is None and dl.gemv_config(16384, 1536, cpu) is None  # its output layers
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     assert dl.gemv_config(4096, 4096, cpu) is None  # not measured there: cuBLAS
 
@@ -103,6 +107,7 @@ def test_h200_table_leaves_output_layers_to_cublas(monkeypatch, name):
     assert dl.gemv_config(4096, 4096, cpu)["block_n"] == 8  # the H200's own launch, not the H100's
     assert dl.gemv_config(2048, 2048, cpu) is not None
     assert dl.gemv_config(28672, 4096, cpu) is None
+    assert dl.gemv_config(512, 512, cpu) is None  # the pair's shapes were swept on an H100 only
 
 
 def test_op_schema_and_reference():

@@ -36,6 +36,7 @@ from transformers import PreTrainedModel
 from ..cache import PagedKVCache, input_device, paged_attention_enabled
 from ..kernels.pdl import inductor_pdl
 from .compile_cache import CompileCache, cache_key
+from .inductor_passes import PostGradPasses
 from .compile_worker import compile_in_subprocess
 from .compiled_regions import compile_model
 from .graphs import CAPTURE_LOCK
@@ -84,7 +85,8 @@ class BackgroundCompile:
         device = input_device(model)
         self.prewarm = prewarm if prewarm is not None else (device.type == "cuda" and backend == "inductor")
         self.key = key or cache_key([model], extra=("compile_regions", "dynamic", "fused_projections", "decode_linear",
-                                                    str(backend), SHAPES, f"inductor_pdl={inductor_pdl()}"))
+                                                    str(backend), SHAPES, f"inductor_pdl={inductor_pdl()}",
+                                                    f"post_grad={PostGradPasses().uuid()[:16]}"))
         self.compiled = None
         self.error: Optional[str] = None
         self.prewarm_error: Optional[str] = None  # the separate process failed: this one compiled it all

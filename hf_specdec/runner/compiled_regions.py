@@ -19,7 +19,8 @@ import torch
 from accelerate.utils import compile_regions
 from transformers import PreTrainedModel
 
-from .fused_projections import inductor_options, shared_projections
+from .fused_projections import shared_projections
+from .inductor_passes import inductor_options
 
 # compiled variants per code object: (target, draft) x (1 token, any count) x (full, sliding-window layers) ...
 _CACHE_SIZE_LIMIT = 64

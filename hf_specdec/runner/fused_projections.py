@@ -272,8 +272,3 @@ def _hashable(value):
         return tuple(_hashable(v) for v in value)
     return value if isinstance(value, (torch.fx.Node, int, float, bool, str, type(None), torch.dtype,
                                        torch.device, torch.memory_format, torch.layout)) else repr(value)
-
-
-def inductor_options() -> dict:
-    """The options that make Inductor keep one matmul per fused group."""
-    return {"post_grad_custom_post_pass": SharedMatmulCSE()}

@@ -1,0 +1,74 @@
+"""The post-grad passes the runner gives Inductor for its compiled layers, and the options that carry them.
+
+- ``SharedMatmulCSE`` (``fused_projections.py``): the slices of a fused q/k/v or gate/up group share one matmul.
+- ``OuterProductAsMul``: a matmul whose inner dimension is 1 is an outer product, ``a @ b == a * b`` bit for bit
+  (one product per output element, no sum to round). Rotary embeddings of transformers before 5.2x compute their
+  angles so, ``inv_freq (B, d/2, 1) @ positions (B, 1, T)`` in float32; Inductor sends such a ``bmm`` to cuBLAS (on
+  an H200 a 3 us SIMT SGEMM) after a kernel that lays its inputs out, once per forward: a draft step of the
+  project's pair takes about 0.1 ms, so that is 3-4% of it. As a multiply it fuses into the kernel that takes cos
+  and sin. (Newer transformers write the multiply themselves; there the pass finds nothing.)
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+
+import torch
+
+from .fused_projections import SharedMatmulCSE, _PassBase
+
+_MATMULS = (torch.ops.aten.bmm.default, torch.ops.aten.mm.default)
+
+
+class OuterProductAsMul(_PassBase):
+    """Inductor post-grad pass: ``mm`` / ``bmm`` with an inner dimension of 1 become a broadcast multiply."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        for node in list(graph.nodes):
+            if node.op != "call_function" or node.target not in _MATMULS or not _inner_dim_is_one(node):
+                continue
+            with graph.inserting_before(node):
+                product = graph.call_function(torch.ops.aten.mul.Tensor, tuple(node.args[:2]))
+            product.meta.update(node.meta)
+            node.replace_all_uses_with(product)
+            graph.erase_node(node)
+
+    def uuid(self) -> str:
+        return _source_hash(OuterProductAsMul, "hf_specdec.OuterProductAsMul.1")
+
+
+def _inner_dim_is_one(node: torch.fx.Node) -> bool:
+    """Both operands known, of one floating dtype, and the contracted dimension exactly 1 (not symbolic)."""
+    a, b = (arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None for arg in node.args[:2])
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return False
+    inner = a.shape[-1]
+    return (a.dtype == b.dtype and a.dtype.is_floating_point and type(inner) is int and inner == 1
+            and type(b.shape[-2]) is int and b.shape[-2] == 1)
+
+
+class PostGradPasses(_PassBase):
+    """Both passes, in order, as the one ``post_grad_custom_post_pass`` Inductor takes."""
+
+    passes = (SharedMatmulCSE(), OuterProductAsMul())
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        for p in self.passes:
+            p(graph)
+
+    def uuid(self) -> str:
+        """Inductor's caches key on this: every pass's own key."""
+        return hashlib.sha256("".join(p.uuid() for p in self.passes).encode()).hexdigest()
+
+
+def _source_hash(cls: type, fallback: str) -> str:
+    """A pass's cache key: its source (a fixed name where the source is not shipped)."""
+    try:
+        return hashlib.sha256(inspect.getsource(cls).encode()).hexdigest()
+    except (OSError, TypeError):
+        return fallback
+
+
+def inductor_options() -> dict:
+    """The options of the runner's compiled layers: one matmul per fused group, outer products as multiplies."""
+    return {"post_grad_custom_post_pass": PostGradPasses()}
