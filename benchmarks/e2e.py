@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import re
 import statistics
 import sys
 import time
@@ -336,19 +337,28 @@ def load(args):
     return device, dtype, tok, target, draft
 
 
-def load_heads(specs: list, target, report: dict) -> list:
-    """``[NAME=]DIR`` arguments -> [(row label, head)]: "head" for an unnamed one, "head[NAME]" for a named one."""
-    named = [spec.partition("=") for spec in specs]
-    labels = [f"head[{name}]" if sep else "head" for name, sep, _ in named]
+def head_label_and_path(spec: str) -> tuple[str, str]:
+    """``[NAME=]DIR`` -> (row label, directory): "head" for a bare directory, "head[NAME]" for a named one. A
+    directory that exists, or text before '=' that is not a plain name (``runs/lr=1e-3/head``), is a bare path."""
+    name, sep, path = spec.partition("=")
+    if sep and re.fullmatch(r"[\w.-]+", name) and not os.path.isdir(spec):
+        return f"head[{name}]", path
+    return "head", spec
+
+
+def load_heads(specs: list, target, params: dict) -> list:
+    """``--head`` arguments -> [(row label, loaded head)], each head's parameter count in ``params``."""
+    labelled = [head_label_and_path(spec) for spec in specs]
+    labels = [label for label, _ in labelled]
     for label in set(labels):
         if labels.count(label) > 1:
             raise SystemExit(f"--head: {labels.count(label)} heads labelled {label!r}; give each its own NAME=DIR")
     heads = []
-    for label, (name, sep, path) in zip(labels, named):
+    for label, path in labelled:
         import hf_specdec
 
-        head = hf_specdec.load_draft_head(path if sep else name, target=target)
-        report["params"][label] = sum(p.numel() for p in head.parameters())
+        head = hf_specdec.load_draft_head(path, target=target)
+        params[label] = sum(p.numel() for p in head.parameters())
         heads.append((label, head))
     return heads
 
@@ -360,7 +370,7 @@ def main(argv=None):
     pool, sources, ids, mask, prompt_paths = build_prompt_pool(args, tok)
     report = new_report(args, device, dtype, target, draft, pool, sources, ids.shape[1], prompt_paths)
     bench = Bench(args, device, tok, target, draft, ids.to(device), mask.to(device), report, t_start)
-    bench.heads = load_heads(args.head or [], target, report)
+    bench.heads = load_heads(args.head or [], target, report["params"])
     print(f"[e2e] {report['env']['device_name']} ({device}) {report['env']['dtype']}; target "
           f"{report['params']['target']/1e6:.1f}M, draft {report['params']['draft']/1e6:.1f}M params; "
           f"{len(pool)} prompts padded to {bench.P} tokens; max_new_tokens {args.max_new_tokens}", flush=True)

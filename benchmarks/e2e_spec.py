@@ -1,7 +1,8 @@
 """The hf_specdec rows of benchmarks/e2e.py: speculative decoding and k=0, both on the runner.
 
 Per (batch size, mode) and each k: "fast k=K" (SpecConfig(k): runner + CUDA graphs + compile on
-CUDA, the runner without graphs on CPU), "head k=K" (the same with a draft head, e2e.py --head),
+CUDA, the runner without graphs on CPU), "head k=K" / "head[NAME] k=K" (the same with each draft head of
+e2e.py --head),
 then runner_plain "k=0" (no draft). The rows warm up
 every bucket their rows can shrink into, so the timed calls capture and compile nothing (their
 spec_metrics.warmup_seconds is reported: it should be 0). After a row's timed calls,

@@ -7,7 +7,7 @@ the draft step's graph: kernels per step, device-busy microseconds, and at b = 1
 wall time minus its busy time is the gaps between launches.
 
     python benchmarks/step_kernels.py --pair runs/pair --head runs/pair/head --head slim=runs/head_slim \\
-        --out $OUT/step_kernels.json                                   # CUDA; about 3 minutes
+        --out $OUT/step_kernels.json      # CUDA; a few minutes, most of it compiling each assistant (cold caches)
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script from anywhere
 
 import hf_specdec  # noqa: E402
+from benchmarks.e2e import load_heads  # noqa: E402
 from benchmarks.scale import kernel_summary  # noqa: E402
 from hf_specdec.runner import bucket_for, runner_for  # noqa: E402
 from hf_specdec.runner.stage_timing import time_stages  # noqa: E402
@@ -42,12 +43,9 @@ def main(argv=None) -> dict:
     load = lambda sub: AutoModelForCausalLM.from_pretrained(  # noqa: E731
         os.path.join(args.pair, sub), dtype=torch.bfloat16).to(dev).eval()
     target = hf_specdec.enable(load("target"))
-    assistants = [("draft", load("draft"))]
-    for spec in args.head:
-        name, sep, path = spec.partition("=")
-        assistants.append((f"head[{name}]" if sep else "head",
-                           hf_specdec.load_draft_head(path if sep else name, target=target)))
-    report = {"gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__, "pair": args.pair, "rows": []}
+    report = {"gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__, "pair": args.pair, "params": {},
+              "rows": []}
+    assistants = [("draft", load("draft"))] + load_heads(args.head, target, report["params"])
     for b in [int(x) for x in args.batches.split(",") if x]:
         ids = torch.randint(3, target.config.vocab_size, (b, args.prompt),
                             generator=torch.Generator().manual_seed(1)).to(dev)

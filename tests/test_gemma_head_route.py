@@ -53,12 +53,18 @@ def test_gemma_head_against_reduced_draft_end_to_end(tmp_path):
         assert greedy["new_tokens"] > 0 and sample["new_tokens"] > 0
 
 
-def test_e2e_refuses_two_heads_with_one_label():
+def test_e2e_head_arguments(tmp_path, monkeypatch):
     sys.path.insert(0, REPO)
-    from benchmarks.e2e import load_heads
+    from benchmarks.e2e import head_label_and_path, load_heads
 
+    assert head_label_and_path("runs/head") == ("head", "runs/head")
+    assert head_label_and_path("slim=runs/head_slim") == ("head[slim]", "runs/head_slim")
+    assert head_label_and_path("runs/lr=1e-3/head") == ("head", "runs/lr=1e-3/head")  # '=' inside a path
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x=y").mkdir()
+    assert head_label_and_path("x=y") == ("head", "x=y")  # an existing directory is a path
     try:
-        load_heads(["runs/a", "runs/b"], target=None, report={"params": {}})
+        load_heads(["runs/a", "runs/b"], target=None, params={})
     except SystemExit as exc:
         assert "2 heads labelled 'head'" in str(exc) and "NAME=DIR" in str(exc)
     else:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import inspect
+import sys
 import weakref
 from typing import Optional
 
@@ -45,9 +46,9 @@ from torch import nn
 from ..kernels import decode_linear  # also registers torch.ops.hf_specdec.decode_linear
 
 try:  # a pass Inductor's FX graph cache can key on (its uuid)
-    from torch._inductor.custom_graph_pass import CustomGraphPass as _PassBase
+    from torch._inductor.custom_graph_pass import CustomGraphPass as GraphPassBase
 except ImportError:  # an older torch: a plain callable
-    _PassBase = object
+    GraphPassBase = object
 
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
@@ -243,7 +244,7 @@ def _fused_storage(linears) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
 _PURE = ("mm", "addmm", "view", "_unsafe_view", "reshape", "permute", "t", "transpose", "expand")
 
 
-class SharedMatmulCSE(_PassBase):
+class SharedMatmulCSE(GraphPassBase):
     """Inductor post-grad pass: identical matmuls (same inputs, through identical views) computed once."""
 
     def __call__(self, graph: torch.fx.Graph) -> None:
@@ -260,11 +261,12 @@ class SharedMatmulCSE(_PassBase):
                 seen[key] = node
 
     def uuid(self) -> str:
-        """Inductor's caches key on this: the pass's own source (a fixed name where the source is not shipped)."""
+        """Inductor's caches key on this: this module's source (the pass's helpers included; a fixed name where the
+        source is not shipped)."""
         try:
-            return hashlib.sha256(inspect.getsource(SharedMatmulCSE).encode()).hexdigest()
+            return hashlib.sha256(inspect.getsource(sys.modules[__name__]).encode()).hexdigest()
         except (OSError, TypeError):
-            return "hf_specdec.SharedMatmulCSE.1"
+            return "hf_specdec.SharedMatmulCSE.2"
 
 
 def _hashable(value):

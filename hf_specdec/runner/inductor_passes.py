@@ -1,8 +1,9 @@
 """The post-grad passes the runner gives Inductor for its compiled layers, and the options that carry them.
 
 - ``SharedMatmulCSE`` (``fused_projections.py``): the slices of a fused q/k/v or gate/up group share one matmul.
-- ``OuterProductAsMul``: a matmul whose inner dimension is 1 is an outer product, ``a @ b == a * b`` bit for bit
-  (one product per output element, no sum to round). Rotary embeddings of transformers before 5.2x compute their
+- ``OuterProductAsMul``: a matmul whose inner dimension is 1 is an outer product, ``a @ b == a * b`` (one product
+  per output element, no sum to round; only a signed zero may differ, ``-1 x 0`` giving -0 where the matmul's sum
+  gives +0). Not for float32 on CUDA while TF32 matmuls are allowed: cuBLAS may round its inputs there. Rotary embeddings of transformers before 5.2x compute their
   angles so, ``inv_freq (B, d/2, 1) @ positions (B, 1, T)`` in float32; Inductor sends such a ``bmm`` to cuBLAS (on
   an H200 a 3 us SIMT SGEMM) after a kernel that lays its inputs out, once per forward: a draft step of the
   project's pair takes about 0.1 ms, so that is 3-4% of it. As a multiply it fuses into the kernel that takes cos
@@ -12,15 +13,17 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import sys
 
 import torch
 
-from .fused_projections import SharedMatmulCSE, _PassBase
+from . import fused_projections
+from .fused_projections import GraphPassBase, SharedMatmulCSE
 
 _MATMULS = (torch.ops.aten.bmm.default, torch.ops.aten.mm.default)
 
 
-class OuterProductAsMul(_PassBase):
+class OuterProductAsMul(GraphPassBase):
     """Inductor post-grad pass: ``mm`` / ``bmm`` with an inner dimension of 1 become a broadcast multiply."""
 
     def __call__(self, graph: torch.fx.Graph) -> None:
@@ -29,25 +32,29 @@ class OuterProductAsMul(_PassBase):
                 continue
             with graph.inserting_before(node):
                 product = graph.call_function(torch.ops.aten.mul.Tensor, tuple(node.args[:2]))
-            product.meta.update(node.meta)
+            product.meta.update({key: value for key, value in node.meta.items() if key != "original_aten"})
+            product.meta["original_aten"] = torch.ops.aten.mul.Tensor  # kernels named for what they compute
             node.replace_all_uses_with(product)
             graph.erase_node(node)
 
     def uuid(self) -> str:
-        return _source_hash(OuterProductAsMul, "hf_specdec.OuterProductAsMul.1")
+        return _files_hash()
 
 
 def _inner_dim_is_one(node: torch.fx.Node) -> bool:
-    """Both operands known, of one floating dtype, and the contracted dimension exactly 1 (not symbolic)."""
+    """Both operands known, of one floating dtype, the contracted dimension exactly 1 (not symbolic), and no TF32
+    rounding the matmul would have done (float32 on CUDA with ``torch.backends.cuda.matmul.allow_tf32``)."""
     a, b = (arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None for arg in node.args[:2])
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return False
+    if a.dtype == torch.float32 and a.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
         return False
     inner = a.shape[-1]
     return (a.dtype == b.dtype and a.dtype.is_floating_point and type(inner) is int and inner == 1
             and type(b.shape[-2]) is int and b.shape[-2] == 1)
 
 
-class PostGradPasses(_PassBase):
+class PostGradPasses(GraphPassBase):
     """Both passes, in order, as the one ``post_grad_custom_post_pass`` Inductor takes."""
 
     passes = (SharedMatmulCSE(), OuterProductAsMul())
@@ -57,16 +64,20 @@ class PostGradPasses(_PassBase):
             p(graph)
 
     def uuid(self) -> str:
-        """Inductor's caches key on this: every pass's own key."""
-        return hashlib.sha256("".join(p.uuid() for p in self.passes).encode()).hexdigest()
+        """Inductor's caches key on this."""
+        return _files_hash()
 
 
-def _source_hash(cls: type, fallback: str) -> str:
-    """A pass's cache key: its source (a fixed name where the source is not shipped)."""
+def _files_hash() -> str:
+    """The passes' cache key: the source of both modules that decide what they do (their helpers and tables
+    included); a fixed name where the source is not shipped."""
+    digest = hashlib.sha256()
     try:
-        return hashlib.sha256(inspect.getsource(cls).encode()).hexdigest()
+        for module in (sys.modules[__name__], fused_projections):
+            digest.update(inspect.getsource(module).encode())
     except (OSError, TypeError):
-        return fallback
+        return "hf_specdec.inductor_passes.2"
+    return digest.hexdigest()
 
 
 def inductor_options() -> dict:
