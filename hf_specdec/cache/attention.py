@@ -204,9 +204,10 @@ def paged_attention_enabled(*models: PreTrainedModel) -> Iterator[None]:
                         config._attn_implementation_internal = original
 
 
-def paged_forward(model: PreTrainedModel, input_ids: torch.Tensor, batch, logits_rows: torch.Tensor,
+def paged_forward(model: PreTrainedModel, input_ids: torch.Tensor, batch, logits_rows: Optional[torch.Tensor],
                   call=None, hidden: bool = False, features: Optional[torch.Tensor] = None):
-    """One packed forward over ``input_ids`` ``(T,)``; returns fp32 logits of the rows ``logits_rows``.
+    """One packed forward over ``input_ids`` ``(T,)``; returns fp32 logits of the rows ``logits_rows`` (None: of
+    every token, in order, with no gather: a decode step's and a verify's case).
     ``call``: what to invoke instead of ``model`` itself (its compiled version).
     ``hidden``: also return the last hidden state of every token ``(T, H)``, the features a draft head reads: the
     model's decoder runs, then its output layer on ``logits_rows`` (and its final soft-cap), as its own forward does.
@@ -217,16 +218,17 @@ def paged_forward(model: PreTrainedModel, input_ids: torch.Tensor, batch, logits
     args = dict(input_ids=input_ids[None].to(device), position_ids=batch.positions[None].to(device),
                 **{PAGED_BATCH_KWARG: batch})
     with _paged_implementation(model), kwargs_left_in_place(model, "logits_to_keep"):
-        rows = logits_rows.to(hidden_states_device(model))  # indexes the last layer's output
+        rows = None if logits_rows is None else logits_rows.to(hidden_states_device(model))  # indexes the last layer
         if features is not None:
             out = m(features=features[None], logits_to_keep=rows, **args)
             return out.logits[0].float(), out.hidden[0]
         if hidden:
             states = m.get_decoder()(use_cache=False, **args).last_hidden_state
-            logits = m.get_output_embeddings()(states[:, rows])[0]  # (1, n, H) in: the shape its forward passes
+            kept = states if rows is None else states[:, rows]
+            logits = m.get_output_embeddings()(kept)[0]  # (1, n, H) in: the shape its forward passes
             softcap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
             if softcap is not None:  # in the model's dtype, as its forward does
                 logits = torch.tanh(logits / softcap) * softcap
             return logits.float(), states[0]
-        out = m(use_cache=False, logits_to_keep=rows, **args)
+        out = m(use_cache=False, logits_to_keep=0 if rows is None else rows, **args)  # 0: every token
     return out.logits[0].float().to(input_ids.device)

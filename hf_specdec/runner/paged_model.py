@@ -37,12 +37,11 @@ class PagedModel:
         ``eager``: the model itself even when compiled (an odd one-off shape would recompile it).
         ``hidden`` (a target) or ``features`` ``(B*q, H)`` (a draft head): returns ``(logits, hidden states of every
         token (B*q, H))`` (``cache.paged_forward``). ``rows``: the token indices whose logits to compute instead."""
-        B = tables.shape[0]
         block_size = self.cache.block_size
         slots, query_start_loc, lens, last = kernels.step_metadata(tables, positions, seq_lens, q, block_size)
         batch = PagedBatch(self.cache, tables, lens, query_start_loc, slots, positions, q)
-        if rows is None:
-            rows = last if last_only else torch.arange(B * q, device=input_ids.device)
+        if rows is None and last_only and q > 1:
+            rows = last  # else every token's logits are read: no gather (one token a row: the last is every one)
         out = paged_forward(self.model, input_ids, batch, rows, None if eager else self.call, hidden, features)
         if isinstance(out, tuple):
             return align_vocab(out[0], self.vocab_size), out[1]
