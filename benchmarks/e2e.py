@@ -353,10 +353,10 @@ def load_heads(specs: list, target, params: dict) -> list:
     for label in set(labels):
         if labels.count(label) > 1:
             raise SystemExit(f"--head: {labels.count(label)} heads labelled {label!r}; give each its own NAME=DIR")
+    import hf_specdec
+
     heads = []
     for label, path in labelled:
-        import hf_specdec
-
         head = hf_specdec.load_draft_head(path, target=target)
         params[label] = sum(p.numel() for p in head.parameters())
         heads.append((label, head))

@@ -252,8 +252,8 @@ def head_lines(res):
     heads = [r for r in res if r["method"] == "hf_specdec" and r["variant"].startswith("head") and r.get("tokens_per_s")]
     if not heads:
         return
-    yield (f"{'b':>4} {'mode':<7}{'k':>3} {'head row':<18}{'head':>9}{'draft':>9}{'head/drf':>9}{'head/cmp':>9}{'len head':>9}"
-           f"{'len drf':>8}{'step h ms':>10}{'step d ms':>10}{'h/d step':>9}")
+    yield (f"{'b':>4} {'mode':<7}{'k':>3} {'head row':<18}{'head':>9}{'draft':>9}{'head/drf':>9}{'head/cmp':>9}"
+           f"{'len head':>9}{'len drf':>8}{'step h ms':>10}{'step d ms':>10}{'h/d step':>9}")
     for r in heads:
         b, mode, k = r["batch_size"], r["mode"], r["k"]
         d = find(res, "hf_specdec", b, mode, f"fast k={k}") or {}

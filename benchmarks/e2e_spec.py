@@ -2,8 +2,7 @@
 
 Per (batch size, mode) and each k: "fast k=K" (SpecConfig(k): runner + CUDA graphs + compile on
 CUDA, the runner without graphs on CPU), "head k=K" / "head[NAME] k=K" (the same with each draft head of
-e2e.py --head),
-then runner_plain "k=0" (no draft). The rows warm up
+e2e.py --head), then runner_plain "k=0" (no draft). The rows warm up
 every bucket their rows can shrink into, so the timed calls capture and compile nothing (their
 spec_metrics.warmup_seconds is reported: it should be 0). After a row's timed calls,
 time_stages measures the cost of each piece of a round at the row's first bucket (CUDA only),

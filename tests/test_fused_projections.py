@@ -21,7 +21,8 @@ from cache_models import build_model
 from compile_recorder import fresh_dynamo  # noqa: F401  (an autouse fixture)
 from hf_specdec.runner.compiled_regions import compile_model
 from hf_specdec.runner import fused_projections
-from hf_specdec.runner.fused_projections import FusedSliceLinear, SharedMatmulCSE, shared_projections
+from hf_specdec.runner.fused_projections import FusedSliceLinear, shared_projections
+from hf_specdec.runner.inductor_passes import SharedMatmulCSE
 
 IDS = torch.tensor([[5, 9, 17, 33, 2, 40, 11]])
 

@@ -13,7 +13,7 @@ pytest.importorskip("triton")
 
 from hf_specdec.kernels import decode_linear, decode_linear_reference  # noqa: E402
 from hf_specdec.kernels import decode_linear_triton as dl  # noqa: E402
-from hf_specdec.runner.fused_projections import SharedMatmulCSE  # noqa: E402
+from hf_specdec.runner.inductor_passes import SharedMatmulCSE  # noqa: E402
 
 CONFIGS = [dict(block_n=2, block_k=512, num_warps=2, num_stages=4), dict(block_n=4, block_k=128, num_warps=4,
                                                                           num_stages=2)]

@@ -33,9 +33,9 @@ the launch configuration comes from ``gemv_config``, per GPU a table of the shap
     pair draft down 512 x 1536                                        5.09     2.75
 
 (H200 2026-11-27; H100 2026-11-27 with PDL off, the output layers 2026-11-25; "pair": the project's
-``evals/build_pair.py`` models, whose draft head has the target's layer shapes.) With PDL off (the default) the H200's entries run level with cuBLAS inside
-a model step (8B o_proj 13.2 us a call there); its gain that day came from giving the output layers back to
-cuBLAS (8B: 391 -> 248 us a step). Elsewhere ``decode_linear_triton`` calls ``F.linear`` (cuBLAS) itself:
+``evals/build_pair.py`` models, whose draft head has the target's layer shapes.) With PDL off (the default) the
+H200's entries run level with cuBLAS inside a model step (8B o_proj 13.2 us a call there); its gain that day came
+from giving the output layers back to cuBLAS (8B: 391 -> 248 us a step). Elsewhere ``decode_linear_triton`` calls ``F.linear`` (cuBLAS) itself:
 gate/up (but the pair draft's), an 8B down_proj, 8B q/k/v, a 1B q/k/v on an H100, a 32k-token output layer,
 every output layer on an H200 (its cuBLAS reads them at 4.2 TB/s), any shape not measured, other GPUs, several
 rows, float32, a weight or bias with a stride along its last dimension.

@@ -24,7 +24,7 @@ How, without changing what the user's model computes or how much memory it holds
   step 6.41 -> 6.30 ms, 1B draft step 1.54 -> 1.47 ms at b = 1) and ``F.linear`` otherwise.
 - **One matmul.** The three slices of a group read the same input and the same fused weight (one buffer,
   deduplicated by Dynamo), so their three matmuls are identical; ``SharedMatmulCSE``, a post-grad pass
-  given to Inductor, keeps one. Without the pass they would be computed three times.
+  given to Inductor (``inductor_passes.py``), keeps one. Without the pass they would be computed three times.
 
 ``SharedProjections.repair`` restores the sharing when the parameters got new storage (``model.to(dtype)``,
 ``load_state_dict(assign=True)``): the fused tensors then receive the parameters' current values in place,
@@ -33,9 +33,6 @@ so compiled code and graphs keep reading valid addresses.
 from __future__ import annotations
 
 import copy
-import hashlib
-import inspect
-import sys
 import weakref
 from typing import Optional
 
@@ -44,11 +41,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import decode_linear  # also registers torch.ops.hf_specdec.decode_linear
-
-try:  # a pass Inductor's FX graph cache can key on (its uuid)
-    from torch._inductor.custom_graph_pass import CustomGraphPass as GraphPassBase
-except ImportError:  # an older torch: a plain callable
-    GraphPassBase = object
 
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
@@ -239,38 +231,3 @@ def _fused_storage(linears) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         weight = torch.cat([linear.weight.detach() for linear in linears])
         bias = torch.cat([linear.bias.detach() for linear in linears]) if linears[0].bias is not None else None
     return weight, bias
-
-
-_PURE = ("mm", "addmm", "view", "_unsafe_view", "reshape", "permute", "t", "transpose", "expand")
-
-
-class SharedMatmulCSE(GraphPassBase):
-    """Inductor post-grad pass: identical matmuls (same inputs, through identical views) computed once."""
-
-    def __call__(self, graph: torch.fx.Graph) -> None:
-        pure = {getattr(torch.ops.aten, name) for name in _PURE} | {torch.ops.hf_specdec.decode_linear}
-        seen: dict = {}
-        for node in list(graph.nodes):
-            if node.op != "call_function" or getattr(node.target, "overloadpacket", None) not in pure:
-                continue
-            key = (node.target, _hashable(node.args), _hashable(tuple(sorted(node.kwargs.items()))))
-            if key in seen:
-                node.replace_all_uses_with(seen[key])
-                graph.erase_node(node)
-            else:
-                seen[key] = node
-
-    def uuid(self) -> str:
-        """Inductor's caches key on this: this module's source (the pass's helpers included; a fixed name where the
-        source is not shipped)."""
-        try:
-            return hashlib.sha256(inspect.getsource(sys.modules[__name__]).encode()).hexdigest()
-        except (OSError, TypeError):
-            return "hf_specdec.SharedMatmulCSE.2"
-
-
-def _hashable(value):
-    if isinstance(value, (list, tuple)):
-        return tuple(_hashable(v) for v in value)
-    return value if isinstance(value, (torch.fx.Node, int, float, bool, str, type(None), torch.dtype,
-                                       torch.device, torch.memory_format, torch.layout)) else repr(value)
