@@ -36,17 +36,8 @@ needs_data = pytest.mark.skipif(HUMANEVAL is None, reason="HumanEval.jsonl.gz no
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    from test_build_pair import tiny_source_dir
-
-    out = tmp_path_factory.mktemp("tiny_pair_evals")
-    # a smaller build than test_build_pair's: these tests exercise code paths, not model quality
-    cmd = [sys.executable, os.path.join(REPO, "evals", "build_pair.py"), "--tiny", "--out", str(out),
-           "--source-dir", tiny_source_dir(), "--max-bytes", "1e6", "--max-steps", "60",
-           "--time-budget-s", "600", "--log-every-s", "100"]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return out
+def pair(tiny_pair):
+    return tiny_pair
 
 
 @needs_data

@@ -215,3 +215,16 @@ def test_prefill_queries_never_split(monkeypatch):
     assert seen == [1, 1, 1]
     _check(_paged_batch(gen, [5], [900], 4, 1, 32, 16, torch.float32), 0.2)  # a verify at batch 1
     assert seen[-1] > 1
+
+
+def test_launch_override_changes_the_launch_not_the_output(monkeypatch):
+    """benchmarks/attention_sweep.py's knobs: one-tile splits split more, a 16-key tile and 2 warps run; the output
+    stays the reference's."""
+    import hf_specdec.kernels.paged_attention_triton as pa
+
+    assert pa._num_kv_splits(2, 256, 32, 8) == 2  # four tiles a split at least: 256 // 128
+    monkeypatch.setattr(pa, "LAUNCH_OVERRIDE", dict(min_tiles=1, block_n=16, num_warps=2))
+    assert pa._num_kv_splits(2, 256, 32, 8) == 4  # the target's 8 programs
+    assert pa._tile_sizes(1, 4, 64)[2] == 16
+    gen = torch.Generator().manual_seed(7)
+    _check(_paged_batch(gen, [1, 3], [300, 200], 8, 2, 64, 16, torch.float32), 64 ** -0.5)

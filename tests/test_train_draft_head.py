@@ -23,19 +23,13 @@ def run(script, *args):
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    from test_build_pair import tiny_source_dir
-
-    out = tmp_path_factory.mktemp("tiny_pair_head")
-    res = run("build_pair.py", "--tiny", "--out", out, "--source-dir", tiny_source_dir(), "--max-bytes", "5e5",
-              "--max-steps", "20", "--time-budget-s", "600", "--eval-tokens", "4096", "--log-every-s", "100")
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return out
+def pair(tiny_pair):
+    return tiny_pair
 
 
 @pytest.fixture(scope="module")
-def head_dir(pair):
-    out = pair / "head"
+def head_dir(pair, tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny_head") / "head"
     res = run("train_draft_head.py", "--pair", pair, "--out", out, "--max-steps", HEAD_STEPS, "--time-budget-s", 600,
               "--eval-windows", 8, "--eval-prompts", 16, "--prompt-len", 32, "--log-every-s", 100)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

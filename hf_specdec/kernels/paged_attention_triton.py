@@ -244,6 +244,11 @@ def _combine_kv_splits_kernel(out_ptr, part_acc_ptr, part_ml_ptr, num_heads, hea
              mask=d < head_dim)
 
 
+# Launch knobs for benchmarks/attention_sweep.py (empty: the rules below): "block_n", "num_warps",
+# "programs_per_sm" (the programs a split aims for, per SM), "min_tiles" (the fewest key tiles a split takes).
+LAUNCH_OVERRIDE: dict = {}
+
+
 # Queries of 2..QUERY_TILE tokens (the verify of k = 1..7 drafts, a draft's catch-up step) share one tile
 # sized for QUERY_TILE tokens, so the adaptive k never compiles a new variant (before, G = 4 tiled up to 4
 # tokens in 16 rows and more in 32: two variants). Same bytes read; a shorter query leaves tile rows idle.
@@ -263,7 +268,7 @@ def _tile_sizes(max_query_len: int, num_groups: int, head_dim: int) -> tuple[int
     block_n = 64 if block_d <= 64 else 32
     if block_m >= 64 and block_d <= 128:
         block_n = 64
-    return block_q, block_m, block_n, block_d
+    return block_q, block_m, LAUNCH_OVERRIDE.get("block_n", block_n), block_d
 
 
 def _attention_launch(num_seqs: int, max_query_len: int, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -281,7 +286,8 @@ def _attention_launch(num_seqs: int, max_query_len: int, num_heads: int, num_kv_
     upcast = _INTERPRET_BF16 and dtype == torch.bfloat16
     attention = dict(HAS_SOFTCAP=softcap is not None, HAS_WINDOW=sliding_window is not None,
                      IEEE_FP32=dtype == torch.float32 or upcast, UPCAST=upcast,
-                     BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4, num_stages=2)
+                     BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+                     num_warps=LAUNCH_OVERRIDE.get("num_warps", 4), num_stages=2)
     combine = dict(BLOCK_S=triton.next_power_of_2(max(MAX_KV_SPLITS, 1)), BLOCK_D=block_d, num_warps=4)
     return splits, (num_seqs, n_qblocks, num_kv_heads * splits), attention, combine
 
@@ -309,7 +315,7 @@ def paged_attention_triton(
         query = query.contiguous()
     assert key_cache.stride(-1) == 1 and value_cache.stride(-1) == 1, "caches need a contiguous head_dim"
     splits, grid, attention, combine = _attention_launch(
-        B, max_query_len, H, KVH, D, block_tables.shape[1] * key_cache.shape[1], _num_programs_target(query.device),
+        B, max_query_len, H, KVH, D, block_tables.shape[1] * key_cache.shape[1], _programs_target(query.device),
         query.dtype, sliding_window, softcap)
     block_d = attention["BLOCK_D"]
     pdl = pdl_launch(query.device)  # the attention's and the combine's launch alike
@@ -347,12 +353,19 @@ MAX_KV_SPLITS = 16
 SPLIT_MAX_QUERY = 32
 
 
+def _programs_target(device: torch.device) -> int:
+    if "programs_per_sm" in LAUNCH_OVERRIDE and device.type == "cuda":
+        return LAUNCH_OVERRIDE["programs_per_sm"] * torch.cuda.get_device_properties(device).multi_processor_count
+    return _num_programs_target(device)
+
+
 def _num_kv_splits(programs: int, max_context: int, block_n: int, target: int) -> int:
     """Split each sequence's keys over several programs when the grid alone cannot fill the
     device (decode and verify at small batch): about ``target`` programs (two per SM), at least
     four key tiles per split. Decided from host-side shapes only (no synchronisation)."""
     if programs >= target or MAX_KV_SPLITS <= 1:
         return 1
-    splits = max(1, min(MAX_KV_SPLITS, triton.cdiv(target, programs), max_context // (4 * block_n)))
+    min_tiles = LAUNCH_OVERRIDE.get("min_tiles", 4)
+    splits = max(1, min(MAX_KV_SPLITS, triton.cdiv(target, programs), max_context // (min_tiles * block_n)))
     # A power of two (at most MAX_KV_SPLITS, which sizes the combine's BLOCK_S): few distinct counts.
     return 1 << (splits.bit_length() - 1)
