@@ -202,43 +202,46 @@ def test_the_runners_rounds_reuse_what_the_thread_compiled(monkeypatch, tmp_path
         assert recorder.graphs == made, f"b={batch} {spec.num_speculative_tokens=} compiled again: a layout missed"
 
 
-@pytest.mark.parametrize("kept", [None, 40])
 @torch.no_grad()
-def test_a_draft_heads_rounds_reuse_what_the_thread_compiled(monkeypatch, tmp_path, kept):
+def test_a_draft_heads_rounds_reuse_what_the_thread_compiled(monkeypatch, tmp_path):
     """A draft head compiles like a draft model (its layer, fc, norm, its own reduced output layer): its rounds
     (features in, a first step of k+1 tokens, one that keeps no logits at k = 0) and the target's verify that hands
-    out its hidden states compile nothing after the thread's exercise; the output stays the target's."""
+    out its hidden states compile nothing after the thread's exercise; the output stays the target's. Two heads on
+    one target (the target's output layer, then one of its own over 40 tokens): the target compiles once."""
     import hf_specdec
+    from hf_specdec.round.policy.speculation_length import SpeculationLength
     from hf_specdec.runner import runner_for
 
     recorder = compiled_calls_on_cpu(monkeypatch, tmp_path)
     target = hf_specdec.enable(build_model("llama_gqa", num_hidden_layers=2))
-    head = hf_specdec.DraftHead.for_target(target, kept_ids=None if kept is None else torch.arange(kept))
+    choose = SpeculationLength._choose
+    for kept in (None, 40):
+        head = hf_specdec.DraftHead.for_target(target, kept_ids=None if kept is None else torch.arange(kept))
 
-    def call(batch, k, adaptive=False, do_sample=False):
-        ids = torch.randint(3, 90, (batch, 11), generator=torch.Generator().manual_seed(batch))
-        kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, eos_token_id=None,
-                  pad_token_id=0, do_sample=do_sample)
-        spec = hf_specdec.SpecConfig(num_speculative_tokens=k, adaptive=adaptive)
-        out = target.generate(**kw, assistant_model=head, spec_config=spec, return_dict_in_generate=True)
-        if not do_sample:
-            assert torch.equal(out.sequences, target.generate(**kw)), (batch, k)
-        assert runner_for(target, head).models["draft"].call is not None, "the head ran uncompiled"
-        return out.spec_metrics
+        def call(batch, k, adaptive=False, do_sample=False):
+            ids = torch.randint(3, 90, (batch, 11), generator=torch.Generator().manual_seed(batch))
+            kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, eos_token_id=None,
+                      pad_token_id=0, do_sample=do_sample)
+            spec = hf_specdec.SpecConfig(num_speculative_tokens=k, adaptive=adaptive)
+            out = target.generate(**kw, assistant_model=head, spec_config=spec, return_dict_in_generate=True)
+            if not do_sample:
+                assert torch.equal(out.sequences, target.generate(**kw)), (kept, batch, k)
+            assert runner_for(target, head).models["draft"].call is not None, f"the head ({kept=}) ran uncompiled"
+            return out.spec_metrics
 
-    call(1, 4)
-    assert runner_for(target, head).wait_compiled()
-    made = recorder.graphs
-    for batch, k, adaptive, do_sample in ((1, 4, False, False), (3, 3, False, False), (2, 2, False, True),
-                                          (1, 1, False, False)):
-        assert call(batch, k, adaptive, do_sample).fast_path == "bucketed"
-        assert recorder.graphs == made, f"b={batch} k={k} compiled again: a layout missed"
-    from hf_specdec.round.policy.speculation_length import SpeculationLength
-    monkeypatch.setattr(SpeculationLength, "_choose",  # 0, 3, 0, 3, ...: the head's first step without logits
-                        lambda self, bucket, rows, remaining: 3 if sum(self.histogram.values()) % 2 else 0)
-    for batch in (1, 3):
-        assert call(batch, 3, adaptive=True).k_histogram.get(0, 0) >= 2
-        assert recorder.graphs == made, f"b={batch}: rounds of k = 0 compiled again"
+        call(1, 4)
+        assert runner_for(target, head).wait_compiled()
+        made = recorder.graphs
+        for batch, k, adaptive, do_sample in ((1, 4, False, False), (3, 3, False, False), (2, 2, False, True),
+                                              (1, 1, False, False)):
+            assert call(batch, k, adaptive, do_sample).fast_path == "bucketed"
+            assert recorder.graphs == made, f"{kept=} b={batch} k={k} compiled again: a layout missed"
+        monkeypatch.setattr(SpeculationLength, "_choose",  # 0, 3, 0, 3, ...: the head's first step without logits
+                            lambda self, bucket, rows, remaining: 3 if sum(self.histogram.values()) % 2 else 0)
+        for batch in (1, 3):
+            assert call(batch, 3, adaptive=True).k_histogram.get(0, 0) >= 2
+            assert recorder.graphs == made, f"{kept=} b={batch}: rounds of k = 0 compiled again"
+        monkeypatch.setattr(SpeculationLength, "_choose", choose)
 
 
 def test_the_workers_skeleton_of_a_draft_head_runs_without_its_target():

@@ -16,29 +16,30 @@ Grid ``(cdiv(N, BLOCK_N),)``: even a 2048-row weight spreads over every SM. ``N`
 the launch configuration comes from ``gemv_config``, per GPU a table of the shapes where the kernel beat cuBLAS
 (``benchmarks/decode_linear.py --sweep``, one launch of 40 in a graph, weights not in L2; us per call):
 
-    weight (N x K)            H200: cuBLAS   GEMV with PDL     H100: cuBLAS   GEMV, PDL off
-    8B o_proj 4096 x 4096           13.24    12.05                   16.30    14.85
-    8B lm_head 128256 x 4096       247.81    (307.35: cuBLAS)       368.81   351.12 (11-25)
-    1B q/k/v 3072 x 2048             6.43     6.08                    7.31    (7.48: cuBLAS)
-    1B o_proj 2048 x 2048            6.05     4.30                    6.41     5.72
-    1B down 2048 x 8192             13.57    12.53                   16.15    15.22
-    1B lm_head 128256 x 2048       125.69    (157.25: cuBLAS)       188.13   178.97 (11-25)
-    pair target q/k/v 2560 x 1536                                     5.89     5.58
-    pair target o_proj 1536 x 1536                                    5.36     4.10
-    pair target down 1536 x 4096                                      9.51     7.29
-    pair head fc 1536 x 3072                                          8.51     6.12
-    pair draft q/k/v 1024 x 512                                       3.56     2.49
-    pair draft o_proj 512 x 512                                       3.13     2.07
-    pair draft gate/up 3072 x 512                                     4.15     3.45
-    pair draft down 512 x 1536                                        5.09     2.75
+    weight (N x K)            H200: cuBLAS   GEMV, PDL off    H100: cuBLAS   GEMV, PDL off
+    8B o_proj 4096 x 4096           13.44    13.30                   16.30    14.85
+    8B lm_head 128256 x 4096       248.23    (299.43: cuBLAS)       368.81   351.12 (11-25)
+    1B q/k/v 3072 x 2048             6.42    (6.95: cuBLAS)           7.31    (7.48: cuBLAS)
+    1B o_proj 2048 x 2048            6.08     5.36                    6.41     5.72
+    1B down 2048 x 8192             13.68    13.87                   16.15    15.22
+    1B lm_head 128256 x 2048       125.82    (158.14: cuBLAS)       188.13   178.97 (11-25)
+    pair target q/k/v 2560 x 1536    5.63    (5.45: cuBLAS)           5.89     5.58
+    pair target o_proj 1536 x 1536   6.54     3.95                    5.36     4.10
+    pair target down 1536 x 4096     8.40     6.88                    9.51     7.29
+    pair head fc 1536 x 3072         7.86     5.80                    8.51     6.12
+    pair draft q/k/v 1024 x 512      4.84     2.36                    3.56     2.49
+    pair draft o_proj 512 x 512      3.07     1.94                    3.13     2.07
+    pair draft gate/up 3072 x 512    4.04     3.40                    4.15     3.45
+    pair draft down 512 x 1536       5.05     2.68                    5.09     2.75
 
-(H200 2026-11-27; H100 2026-11-27 with PDL off, the output layers 2026-11-25; "pair": the project's
-``evals/build_pair.py`` models, whose draft head has the target's layer shapes.) With PDL off (the default) the
-H200's entries run level with cuBLAS inside a model step (8B o_proj 13.2 us a call there); its gain that day came
-from giving the output layers back to cuBLAS (8B: 391 -> 248 us a step). Elsewhere ``decode_linear_triton`` calls ``F.linear`` (cuBLAS) itself:
-gate/up (but the pair draft's), an 8B down_proj, 8B q/k/v, a 1B q/k/v on an H100, a 32k-token output layer,
-every output layer on an H200 (its cuBLAS reads them at 4.2 TB/s), any shape not measured, other GPUs, several
-rows, float32, a weight or bias with a stride along its last dimension.
+(H200 2026-11-28; H100 2026-11-27, the output layers 2026-11-25; "pair": the project's ``evals/build_pair.py``
+models, whose draft head has the target's layer shapes.) A table lists a shape where the GEMV won by 5% or more, or
+ran level and was listed before (one launch where cuBLAS may add a split-K reduction). The H200's was swept with
+PDL on the day before; with PDL off, 8B o_proj and 1B down_proj run level, the 1B q/k/v lost (0.92x) and left.
+Elsewhere ``decode_linear_triton`` calls ``F.linear`` (cuBLAS) itself: gate/up (but the pair draft's), an 8B
+down_proj, 8B q/k/v, a 1B q/k/v, the pair target's q/k/v on an H200, a 32k-token output layer, every output layer on
+an H200 (its cuBLAS reads them at 4.2 TB/s), any shape not measured, other GPUs, several rows, float32, a weight
+or bias with a stride along its last dimension.
 """
 from __future__ import annotations
 
@@ -95,11 +96,17 @@ _MEASURED = {
         (3072, 512): dict(block_n=2, block_k=256, num_warps=2, num_stages=4),  # pair draft gate/up
         (512, 1536): dict(block_n=1, block_k=512, num_warps=8, num_stages=2),  # pair draft down_proj
     },
-    "H200": {  # measured with PDL on
-        (4096, 4096): dict(block_n=8, block_k=512, num_warps=8, num_stages=2),  # 8B o_proj
-        (3072, 2048): dict(block_n=4, block_k=1024, num_warps=2, num_stages=2),  # 1B q/k/v
-        (2048, 2048): dict(block_n=1, block_k=512, num_warps=4, num_stages=2),  # 1B o_proj
-        (2048, 8192): dict(block_n=4, block_k=1024, num_warps=4, num_stages=2),  # 1B down_proj
+    "H200": {  # swept with PDL off, 2026-11-28
+        (4096, 4096): dict(block_n=8, block_k=512, num_warps=8, num_stages=1),  # 8B o_proj (level, no split-K)
+        (2048, 8192): dict(block_n=1, block_k=512, num_warps=4, num_stages=1),  # 1B down_proj (level)
+        (2048, 2048): dict(block_n=1, block_k=512, num_warps=4, num_stages=1),  # 1B o_proj
+        (1536, 1536): dict(block_n=1, block_k=512, num_warps=4, num_stages=2),  # pair target o_proj
+        (1536, 4096): dict(block_n=1, block_k=256, num_warps=4, num_stages=2),  # pair target down_proj
+        (1536, 3072): dict(block_n=1, block_k=512, num_warps=4, num_stages=2),  # pair head fc
+        (1024, 512): dict(block_n=2, block_k=512, num_warps=4, num_stages=4),  # pair draft q/k/v
+        (512, 512): dict(block_n=2, block_k=512, num_warps=4, num_stages=2),  # pair draft o_proj
+        (3072, 512): dict(block_n=2, block_k=256, num_warps=4, num_stages=4),  # pair draft gate/up
+        (512, 1536): dict(block_n=1, block_k=512, num_warps=8, num_stages=4),  # pair draft down_proj
     },
 }
 # An output layer over a large vocabulary (measured at 128256 tokens), by hidden size; none on an H200.
