@@ -16,12 +16,18 @@ import torch
 from . import ops
 from .commit_reference import commit_reference
 from .decode_linear_reference import decode_linear_reference
+from .device_constants import device_constant
 from .ngram_lookup import ngram_drafts, ngram_drafts_reference
 from .paged_attention_reference import paged_attention_reference, write_kv_to_slots_reference
 from .rejection_sampler_reference import PLACEHOLDER_TOKEN_ID, rejection_sample_reference
 from .sampling_noise import draw_acceptance_noise, greedy_noise_placeholders
 from .step_metadata_reference import slots_of, step_metadata_reference
 from .typical_acceptance_reference import typical_accept_reference
+
+
+def all_true(n: int, device: torch.device) -> torch.Tensor:
+    """A ``(n,)`` bool mask of True (read-only, made once per size and device: an all-greedy verify's)."""
+    return device_constant(("all true", n), device, lambda: torch.ones(n, dtype=torch.bool, device=device))
 
 
 def _int(x):
@@ -52,7 +58,7 @@ def rejection_sample(
     random numbers are drawn (the generators and the global RNG do not advance).
     """
     if all_greedy:
-        is_greedy = torch.ones_like(is_greedy)  # makes the promise hold: no row can read the placeholders
+        is_greedy = all_true(is_greedy.shape[0], is_greedy.device)  # no row can read the placeholders
         uniform, exponential = greedy_noise_placeholders(target_probs.device)
     else:
         uniform, exponential = draw_acceptance_noise(
@@ -114,10 +120,12 @@ def decode_linear(x, weight, bias=None) -> torch.Tensor:
 
 
 __all__ = [
+    "all_true",
     "commit_round",
     "commit_reference",
     "decode_linear",
     "decode_linear_reference",
+    "device_constant",
     "PLACEHOLDER_TOKEN_ID",
     "draw_acceptance_noise",
     "greedy_noise_placeholders",

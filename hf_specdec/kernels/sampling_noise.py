@@ -11,6 +11,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from .device_constants import device_constant
+
 _TINY = 1e-10  # Exp(1) can round to 0; dividing by it would make that token certain.
 
 
@@ -54,5 +56,6 @@ def greedy_noise_placeholders(device: torch.device) -> tuple[torch.Tensor, torch
     """Stand-ins for the noise of an all-greedy verify: a ``(1,)`` uniform and a ``(1, 1)`` Exp(1)
     row. Greedy rows never read noise (the kernels mask those loads, the reference broadcasts
     them into values it then discards), so greedy verification draws no random numbers."""
-    return (torch.zeros(1, dtype=torch.float64, device=device),
-            torch.ones(1, 1, dtype=torch.float32, device=device))
+    return (device_constant("uniform placeholder", device, lambda: torch.zeros(1, dtype=torch.float64, device=device)),
+            device_constant("exponential placeholder", device,
+                            lambda: torch.ones(1, 1, dtype=torch.float32, device=device)))

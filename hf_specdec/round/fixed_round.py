@@ -83,9 +83,11 @@ def verify_and_commit(s: BucketState, target: PagedModel, spec: RoundSpec, k: in
     else:  # a draft head reads these features next round
         logits, hidden = target.forward(input_ids, positions, s.target_tables, s.length + k, k + 1, False, hidden=True)
         s.features[:, : k + 1] = hidden.view(B, k + 1, -1)
-    rows = torch.arange(B, device=device).repeat_interleave(k + 1)
-    scores = spec.logits(logits, s.hist, rows, (end[:, None] + span).view(-1), batch_rows=s.batch_row[rows],
-                         live=~s.done[rows] if spec.logits.reads_live else None)
+    scores = logits
+    if spec.logits.reads_history:  # no processors: no rows and positions to build for them
+        rows = torch.arange(B, device=device).repeat_interleave(k + 1)
+        scores = spec.logits(logits, s.hist, rows, (end[:, None] + span).view(-1), batch_rows=s.batch_row[rows],
+                             live=~s.done[rows] if spec.logits.reads_live else None)
     s.scores, s.logits = scores, logits  # read at the sync (host criteria, output_scores/logits); a captured
     # graph rewrites this same memory
     emitted, accepted = accept(s, scores, spec, k)
@@ -101,16 +103,17 @@ def accept(s: BucketState, scores: torch.Tensor, spec: RoundSpec, k: int) -> tup
         tokens, _ = choose_tokens(scores, spec.do_sample, spec.generator)
         return tokens[:, None], torch.zeros(B, dtype=torch.long, device=device)
     drafts = s.drafts[:, :k].reshape(-1)
-    cu = torch.arange(1, B + 1, device=device, dtype=torch.int32) * k
+    cu = kernels.device_constant(("draft offsets", B, k), device,  # (B,) each row's drafts end at (b+1) * k
+                                 lambda: torch.arange(1, B + 1, device=device, dtype=torch.int32) * k)
     generators = None if spec.generator is None else [spec.generator] * B
     if spec.acceptance == "greedy":
-        greedy = torch.ones(B, dtype=torch.bool, device=device)
+        greedy = kernels.all_true(B, device)
         return kernels.rejection_sample(drafts, cu, None, scores, greedy, k, generators, all_greedy=True)
     target_probs = torch.softmax(scores, dim=-1)
     if spec.acceptance == "typical":
         return kernels.typical_accept(drafts, cu, target_probs, k, spec.posterior_threshold, spec.posterior_alpha,
                                       generators)
-    random = torch.zeros(B, dtype=torch.bool, device=device)
+    random = kernels.device_constant(("all false", B), device, lambda: torch.zeros(B, dtype=torch.bool, device=device))
     q = None if s.draft_probs is None else s.draft_probs[:, :k].reshape(B * k, -1)  # None: n-gram point masses
     return kernels.rejection_sample(drafts, cu, q, target_probs, random, k, generators)
 

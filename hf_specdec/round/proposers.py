@@ -38,13 +38,15 @@ class Proposer(Protocol):
     # catch_up(s, model: PagedModel, width: int, compiled: bool): the model reads ``width`` missed tokens
 
 
-def draft_token(s: BucketState, spec, logits: torch.Tensor, rows: torch.Tensor, end: torch.Tensor,
+def draft_token(s: BucketState, spec, logits: torch.Tensor, rows: torch.Tensor, column: torch.Tensor,
                 j: int) -> torch.Tensor:
     """Draft ``j`` of every row from a model's logits ``(B, V)``: the call's processors (at history column
-    ``end + j``), then argmax or a sample; written to ``s.hist``, ``s.drafts`` and (sampling) ``s.draft_probs``."""
-    column = end + j
-    scores = spec.logits(logits, s.hist, rows, column, batch_rows=s.batch_row,
-                         live=~s.done if spec.logits.reads_live else None)
+    ``column`` ``(B,)``), then argmax or a sample; written to ``s.hist``, ``s.drafts`` and (sampling)
+    ``s.draft_probs``."""
+    scores = logits
+    if spec.logits.reads_history:
+        scores = spec.logits(logits, s.hist, rows, column, batch_rows=s.batch_row,
+                             live=~s.done if spec.logits.reads_live else None)
     tokens, probs = choose_tokens(scores, spec.do_sample, spec.generator)
     s.hist.scatter_(1, column[:, None], tokens[:, None])
     s.drafts[:, j] = tokens
@@ -65,16 +67,16 @@ class DraftModelProposer:
         draft: PagedModel = models["draft"]
         B, device = s.size, s.hist.device
         rows = torch.arange(B, device=device)
-        two = torch.arange(2, device=device)
+        steps = torch.arange(max(k, 2), device=device)
         end = s.pads + s.length  # history column of the first draft
-        positions = ((s.length - 2)[:, None] + two).view(-1)
-        input_ids = s.hist.gather(1, (end - 2)[:, None] + two).view(-1)
+        positions = ((s.length - 2)[:, None] + steps[:2]).view(-1)
+        input_ids = s.hist.gather(1, (end - 2)[:, None] + steps[:2]).view(-1)
+        lens, columns = s.length + steps[:, None], end + steps[:, None]  # (k, B): step j's lengths, draft column
         s.counts.fill_(k)
         for j in range(k):
-            lens = s.length + j  # this step's lengths, and the next step's positions
-            logits = draft.forward(input_ids, positions, s.draft_tables, lens, 2 if j == 0 else 1, True)
-            tokens = draft_token(s, spec, logits, rows, end, j)
-            input_ids, positions = tokens, lens
+            logits = draft.forward(input_ids, positions, s.draft_tables, lens[j], 2 if j == 0 else 1, True)
+            tokens = draft_token(s, spec, logits, rows, columns[j], j)
+            input_ids, positions = tokens, lens[j]
 
     @staticmethod
     def catch_up(s: BucketState, draft: PagedModel, width: int, compiled: bool) -> None:
@@ -118,13 +120,16 @@ class HeadProposer:
         pick = rows * width + (s.keep - 1).clamp(min=0)  # each row's last committed pair
         logits, g = head.forward(input_ids, positions, s.draft_tables, first + width, width, False,
                                  features=s.features.view(B * width, -1), rows=pick if k else pick[:0])
-        g = g[pick]
-        end = s.pads + s.length  # history column of the first draft
         s.counts.fill_(k)
+        if not k:
+            return
+        g = g[pick]
+        at = s.length + torch.arange(-1, k, device=device)[:, None]  # (k+1, B): row j, position length-1+j
+        columns = s.pads + at  # row j+1: draft j's history column
         for j in range(k):
-            tokens = draft_token(s, spec, logits, rows, end, j)
-            if j + 1 < k:
-                logits, g = head.forward(tokens, s.length - 1 + j, s.draft_tables, s.length + j, 1, True, features=g)
+            tokens = draft_token(s, spec, logits, rows, columns[j + 1], j)
+            if j + 1 < k:  # step j+2 reads draft j at position length-1+j
+                logits, g = head.forward(tokens, at[j], s.draft_tables, at[j + 1], 1, True, features=g)
 
 
 class NgramProposer:

@@ -36,6 +36,7 @@ class HostLogits:
 
     needs_batch_rows = True
     reads_live = True  # skips rows nobody reads (graphs never run this pipeline: a host read costs nothing extra)
+    reads_history = True  # the user's processors, whatever they read
 
     def __init__(self, processors: LogitsProcessorList, batch_size: int):
         self.processors, self.batch_size = processors, batch_size
