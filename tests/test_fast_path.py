@@ -119,7 +119,7 @@ def test_alternating_configurations_each_keep_their_buckets(target):
         kept.setdefault(k, dict(runner.states))
         assert all(runner.states[b] is s for b, s in kept[k].items())
     assert runner.key.k == 2 and len(runner.slots) == 2
-    assert all(s.drafts.shape[1] == 2 for s in kept[2].values())  # the k = 2 buffers, not k = 3's
+    assert all(s.stat_per_position.shape[0] == 2 for s in kept[2].values())  # the k = 2 buffers, not k = 3's
 
 
 def test_sampling_with_warpers_runs_on_the_runner(target):

@@ -90,19 +90,21 @@ def verify_and_commit(s: BucketState, target: PagedModel, spec: RoundSpec, k: in
                              live=~s.done[rows] if spec.logits.reads_live else None)
     s.scores, s.logits = scores, logits  # read at the sync (host criteria, output_scores/logits); a captured
     # graph rewrites this same memory
-    emitted, accepted = accept(s, scores, spec, k)
+    emitted, accepted = accept(s, scores, spec, k, input_ids.view(B, k + 1)[:, 1:])
     if spec.method == "ngram" and k:
         emitted, accepted = cut_to_counts(emitted, accepted, s.counts, scores, spec.do_sample, spec.generator)
     commit(s, emitted, accepted, k)
 
 
-def accept(s: BucketState, scores: torch.Tensor, spec: RoundSpec, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Emitted tokens ``(B, k+1)`` (-1 after the run) and accepted draft counts ``(B,)``."""
+def accept(s: BucketState, scores: torch.Tensor, spec: RoundSpec, k: int,
+           drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Emitted tokens ``(B, k+1)`` (-1 after the run) and accepted draft counts ``(B,)``; ``drafts`` ``(B, k)``: the
+    tokens the verify read after each row's last committed one."""
     B, device = s.size, s.hist.device
     if k == 0:  # plain decoding: the target's own choice
         tokens, _ = choose_tokens(scores, spec.do_sample, spec.generator)
         return tokens[:, None], torch.zeros(B, dtype=torch.long, device=device)
-    drafts = s.drafts[:, :k].reshape(-1)
+    drafts = drafts.reshape(-1)
     cu = kernels.device_constant(("draft offsets", B, k), device,  # (B,) each row's drafts end at (b+1) * k
                                  lambda: torch.arange(1, B + 1, device=device, dtype=torch.int32) * k)
     generators = None if spec.generator is None else [spec.generator] * B

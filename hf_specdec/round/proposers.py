@@ -8,7 +8,7 @@ head on the target's hidden states and prompt lookup.
     every_round     ``propose`` runs in rounds of k = 0 too (it reads what the last round committed
                     then, so the model never falls behind and needs no ``catch_up``).
     propose(s, models, spec, k)
-                    writes ``s.drafts[:, :k]`` and the drafts into ``s.hist`` after each row's
+                    writes the drafts into ``s.hist`` after each row's
                     committed tokens, ``s.counts`` (real drafts per row, at most k) and, when
                     sampling from a distribution, ``s.draft_probs[:, :k]`` (None: point masses).
 
@@ -41,15 +41,13 @@ class Proposer(Protocol):
 def draft_token(s: BucketState, spec, logits: torch.Tensor, rows: torch.Tensor, column: torch.Tensor,
                 j: int) -> torch.Tensor:
     """Draft ``j`` of every row from a model's logits ``(B, V)``: the call's processors (at history column
-    ``column`` ``(B,)``), then argmax or a sample; written to ``s.hist``, ``s.drafts`` and (sampling)
-    ``s.draft_probs``."""
+    ``column`` ``(B,)``), then argmax or a sample; written to ``s.hist`` and (sampling) ``s.draft_probs``."""
     scores = logits
     if spec.logits.reads_history:
         scores = spec.logits(logits, s.hist, rows, column, batch_rows=s.batch_row,
                              live=~s.done if spec.logits.reads_live else None)
     tokens, probs = choose_tokens(scores, spec.do_sample, spec.generator)
     s.hist.scatter_(1, column[:, None], tokens[:, None])
-    s.drafts[:, j] = tokens
     if probs is not None:
         s.draft_probs[:, j] = probs
     return tokens
@@ -143,7 +141,6 @@ class NgramProposer:
         drafts, counts = kernels.ngram_drafts(s.hist, s.pads, s.length, k, *spec.ngram_sizes)
         end = s.pads + s.length
         s.hist.scatter_(1, end[:, None] + torch.arange(k, device=s.hist.device), drafts)
-        s.drafts[:, :k] = drafts
         s.counts.copy_(counts)
 
 

@@ -63,7 +63,6 @@ class BucketState:
     done: torch.Tensor
     target_tables: torch.Tensor
     draft_tables: torch.Tensor
-    drafts: torch.Tensor  # (B, K) this round's draft tokens (the first k columns of a round of k)
     draft_probs: Optional[torch.Tensor]  # (B, K, V) when sampling with a draft model
     features: Optional[torch.Tensor]  # (B, K+1, H) with a draft head: the target's last verify features (column
     # j: position length-keep-1+j), or, after a row starts, its last prompt token's in column 0 (keep = 1)
@@ -101,7 +100,7 @@ class BucketState:
             hist=z(rows, width), pads=z(rows), batch_row=z(rows), length=z(rows), gen=z(rows),
             done=z(rows, dtype=torch.bool),
             target_tables=z(rows, table_width, dtype=torch.int32), draft_tables=z(rows, table_width, dtype=torch.int32),
-            drafts=z(rows, k), draft_probs=None if vocab is None else z(rows, k, vocab, dtype=torch.float32),
+            draft_probs=None if vocab is None else z(rows, k, vocab, dtype=torch.float32),
             features=None if features is None else z(rows, k + 1, features[0], dtype=features[1]),
             counts=z(rows), keep=z(rows), accepted=z(rows), max_new=z(()), behind=z(()), eos=z(eos_ids), stat_rows=z(()),
             stat_drafts=z(()), stat_draft_tokens=z(()), stat_accepted=z(()), stat_per_position=z(k),
