@@ -20,10 +20,7 @@ def test_made_once_per_key_and_device():
 
 def test_not_kept_while_traced():
     """A tensor made inside a torch.compile trace belongs to that graph: the trace makes its own every time."""
-    calls = []
-
     def make():
-        calls.append(1)
         return torch.ones(2)
 
     @torch.compile(backend="eager", fullgraph=True)

@@ -42,10 +42,8 @@ def draft_token(s: BucketState, spec, logits: torch.Tensor, rows: torch.Tensor, 
                 j: int) -> torch.Tensor:
     """Draft ``j`` of every row from a model's logits ``(B, V)``: the call's processors (at history column
     ``column`` ``(B,)``), then argmax or a sample; written to ``s.hist`` and (sampling) ``s.draft_probs``."""
-    scores = logits
-    if spec.logits.reads_history:
-        scores = spec.logits(logits, s.hist, rows, column, batch_rows=s.batch_row,
-                             live=~s.done if spec.logits.reads_live else None)
+    scores = spec.logits(logits, s.hist, rows, column, batch_rows=s.batch_row,
+                         live=~s.done if spec.logits.reads_live else None)
     tokens, probs = choose_tokens(scores, spec.do_sample, spec.generator)
     s.hist.scatter_(1, column[:, None], tokens[:, None])
     if probs is not None:

@@ -65,7 +65,7 @@ class GraphLogits:
         self.ops, self.signature = ops, signature
         self.needs_batch_rows = any(getattr(op, "per_batch_row", False) for op in ops)
         self.reads_live = False  # every row alike: a mask of live rows would only add a kernel to each graph
-        self.reads_history = bool(ops)  # no processors: scores pass through, their rows and positions unread
+        self.reads_history = bool(ops)  # no processors: a verify need not build rows and positions for them
         self._prepared: tuple | None = None
 
     def prepare(self, vocab_size: int, device) -> None:
