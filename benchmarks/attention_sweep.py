@@ -90,12 +90,17 @@ def main(argv=None):
     ap.add_argument("--min-tiles", default="1,2,4")
     ap.add_argument("--block-n", default="32,64")
     ap.add_argument("--warps", default="4,8")
+    ap.add_argument("--stages", default="2")
+    ap.add_argument("--wide", default="0", help="0,1: the wide-grid rule off (splits as the knobs say) / on "
+                    "(a grid of a quarter of the split's target programs runs unsplit)")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
     device = torch.device("cuda")
-    launches = [dict(programs_per_sm=p, min_tiles=t, block_n=n, num_warps=w) for p, t, n, w in itertools.product(
-        ints(args.programs_per_sm), ints(args.min_tiles), ints(args.block_n), ints(args.warps))]
+    launches = [dict(programs_per_sm=p, min_tiles=t, block_n=n, num_warps=w, num_stages=st, wide_tiles=bool(wd))
+                for p, t, n, w, st, wd in itertools.product(ints(args.programs_per_sm), ints(args.min_tiles),
+                                                            ints(args.block_n), ints(args.warps), ints(args.stages),
+                                                            ints(args.wide))]
     report = {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__, "cases": []}
     totals: dict = {}
     for name, batch, q, ctx in itertools.product(args.shapes.split(","), ints(args.batches), ints(args.queries),

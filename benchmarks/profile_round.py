@@ -30,9 +30,9 @@ def model(hidden, layers, inter, heads, kv):
     return LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
 
 
-def kernel_table(pieces: dict, rounds=20, top=14):
-    """Kernel time per round inside the propose + verify-and-commit graphs time_stages captured, by kernel name."""
-    graphs = [pieces[name][0] for name in ("propose", "verify_and_commit") if name in pieces]
+def kernel_table(pieces: dict, rounds=20, top=14, names=("propose", "verify_and_commit")):
+    """Kernel time per round inside the graphs time_stages captured (``names``), by kernel name."""
+    graphs = [pieces[name][0] for name in names if name in pieces]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(rounds):
             for g in graphs:
@@ -45,7 +45,7 @@ def kernel_table(pieces: dict, rounds=20, top=14):
             per_kernel[e.name[:70]] += e.device_time / rounds
             count[e.name[:70]] += 1
     total = sum(per_kernel.values())
-    print(f"  kernels per round: {sum(count.values()) // rounds}, GPU busy {total / 1000:.3f} ms")
+    print(f"  {' + '.join(names)}: kernels per round: {sum(count.values()) // rounds}, GPU busy {total / 1000:.3f} ms")
     for name, us in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:top]:
         print(f"  {us:8.1f} us  {count[name] // rounds:4d}x  {name}")
 
@@ -56,8 +56,19 @@ def main():
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--context", type=int, default=384, help="prompt tokens")
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--top", type=int, default=14, help="kernels listed per batch size")
+    ap.add_argument("--split-graphs", action="store_true", help="also a table for each graph (propose, verify)")
     ap.add_argument("--kv-splits", type=int, default=None, help="paged attention's MAX_KV_SPLITS (A/B runs)")
+    ap.add_argument("--attention-launch", default=None, help="JSON for paged_attention_triton.LAUNCH_OVERRIDE "
+                    "(A/B runs), e.g. '{\"verify\": {\"block_n\": 64, \"num_warps\": 8, \"max_splits\": 1}}'")
     args = ap.parse_args()
+    if args.attention_launch:
+        import json
+
+        from hf_specdec.kernels import paged_attention_triton
+
+        paged_attention_triton.LAUNCH_OVERRIDE.update(json.loads(args.attention_launch))
+        print(f"LAUNCH_OVERRIDE = {paged_attention_triton.LAUNCH_OVERRIDE}")
     if args.kv_splits is not None:
         from hf_specdec.kernels import paged_attention_triton
 
@@ -86,7 +97,10 @@ def main():
         forwards = args.k * costs["draft_step"] + costs["draft_first_step"] - costs["draft_step"] + costs["verify_forward"]
         print(f"  forwards {forwards:.3f} ms of a {costs['round']:.3f} ms round: outside {1 - forwards / costs['round']:.1%};"
               f" propose / (k x draft_step) = {costs['propose'] / (args.k * costs['draft_step']):.2f}")
-        kernel_table(pieces)
+        kernel_table(pieces, top=args.top)
+        if args.split_graphs:
+            for name in ("propose", "verify_and_commit"):
+                kernel_table(pieces, top=args.top, names=(name,))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-"""Kernel variants: batch size, split count and speculation length never compile a new Triton kernel.
+"""Kernel variants: split count and speculation length never compile a new Triton kernel; batch size at most one.
 
 Every distinct set of constexprs (and every int argument Triton specialises: == 1, divisible by 16)
 is a JIT compile in the middle of a user's call (0.3-0.5 s each on an H200). The launchers decide
 their constexprs in small pure helpers; for the decode and verify shapes of a Llama-8B-like and a
-1B-like model those must be one dict per kernel across batch buckets 1..32 and k = 1..7. A second
+1B-like model those must be one dict per kernel across batch buckets 1..32 and k = 1..7, but for the
+attention's two launches (split short tiles for small grids, unsplit 128-key tiles for wide ones). A second
 test runs the real launchers with spied kernels and checks every argument the way Triton keys its
 cache. CPU only: nothing here launches a kernel.
 """
@@ -50,8 +51,12 @@ def test_attention_constexprs_independent_of_batch_and_k(config, target):
             splits.add(s)
             assert grid == (B, 1, KVH * s)  # one query block: the tile holds k + 1 <= 8 tokens
             assert s <= comb["BLOCK_S"]
-    assert len(_distinct(verify)) == 1, _distinct(verify)
-    assert len(_distinct(decode)) == 1, _distinct(decode)  # a decode step keeps its own (smaller) tile
+    # two launches each: small grids split short tiles, wide grids (the batch sizes past the threshold) do not
+    wide = [B * KVH * pa.WIDE_GRID_SHARE >= target for B in BATCHES]
+    for dicts, per_batch in ((verify, len(KS)), (decode, 1)):  # a decode step keeps its own (smaller) tile
+        for kind in (True, False):
+            chosen = [d for i, d in enumerate(dicts) if wide[i // per_batch] == kind]
+            assert len(_distinct(chosen)) == (1 if chosen else 0), (kind, _distinct(chosen))
     assert len(_distinct(combine)) == 1, _distinct(combine)
     if target > 8:
         assert len(splits) > 2, splits  # the split count does vary with the batch: a runtime argument
@@ -143,7 +148,8 @@ KERNELS = {pa: ("_paged_attention_kernel", "_combine_kv_splits_kernel"),
 @pytest.mark.parametrize("target", [2 * 132, 8])
 def test_launchers_compile_one_variant_per_kernel(monkeypatch, target):
     """Decode, verify and sampling of the 8B-like model over batches and k = 0..7: one cache key per
-    kernel and mode (the off-GPU target also reaches the per-sequence sampler kernels)."""
+    kernel and mode (the attention: per mode and grid class; the off-GPU target also reaches the per-sequence
+    sampler kernels)."""
     logs, mode = {}, [None]
     for mod, names in KERNELS.items():
         monkeypatch.setattr(mod, "_num_programs_target", lambda device: target)
@@ -154,8 +160,9 @@ def test_launchers_compile_one_variant_per_kernel(monkeypatch, target):
     for B in (1, 2, 3, 16, 24, 32):
         tables = torch.zeros(B, 8192, dtype=torch.int32)
         lens, starts = torch.zeros(B, dtype=torch.int32), torch.zeros(B + 1, dtype=torch.int32)
+        wide = "-wide" if B * KVH * pa.WIDE_GRID_SHARE >= target else ""  # the attention's second launch
         for k in (0, 1, 3, 4, 7):
-            for mode[0], q_len in [("decode", 1)] + [("verify", k + 1)] * (k > 0):
+            for mode[0], q_len in [("decode" + wide, 1)] + [("verify" + wide, k + 1)] * (k > 0):
                 query = torch.empty(B * q_len, H, D, dtype=torch.bfloat16)
                 pa.paged_attention_triton(query, caches, caches, tables, lens, starts, q_len, D ** -0.5)
             cu = torch.arange(1, B + 1) * k

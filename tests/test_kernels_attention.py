@@ -53,7 +53,12 @@ def _check(args, scale, window=None, softcap=None):
     ],
 )
 @pytest.mark.parametrize("H,KVH", [(4, 4), (8, 2), (6, 2)])
-def test_paged_attention_fp32(qlens, ctx_lens, H, KVH):
+@pytest.mark.parametrize("wide", [True, False])
+def test_paged_attention_fp32(qlens, ctx_lens, H, KVH, wide, monkeypatch):
+    """Both launches of a decode or verify: wide grids' unsplit 128-key tiles and small grids' split short tiles."""
+    import hf_specdec.kernels.paged_attention_triton as pa
+
+    monkeypatch.setattr(pa, "LAUNCH_OVERRIDE", dict(wide_tiles=wide))
     gen = torch.Generator().manual_seed(sum(qlens) * 31 + H + KVH)
     args = _paged_batch(gen, qlens, ctx_lens, H, KVH, 16, 4, torch.float32)
     _check(args, 16 ** -0.5)
@@ -67,7 +72,11 @@ def test_paged_attention_head_dims(D, block_size):
 
 
 @pytest.mark.parametrize("window,softcap", [(8, None), (None, 5.0), (6, 30.0), (1, None)])
-def test_paged_attention_window_softcap(window, softcap):
+@pytest.mark.parametrize("wide", [True, False])
+def test_paged_attention_window_softcap(window, softcap, wide, monkeypatch):
+    import hf_specdec.kernels.paged_attention_triton as pa
+
+    monkeypatch.setattr(pa, "LAUNCH_OVERRIDE", dict(wide_tiles=wide))
     gen = torch.Generator().manual_seed(window or 0)
     args = _paged_batch(gen, [1, 5, 40], [25, 9, 3], 8, 2, 16, 4, torch.float32)
     _check(args, 0.7, window, softcap)
@@ -228,3 +237,13 @@ def test_launch_override_changes_the_launch_not_the_output(monkeypatch):
     assert pa._tile_sizes(1, 4, 64)[2] == 16
     gen = torch.Generator().manual_seed(7)
     _check(_paged_batch(gen, [1, 3], [300, 200], 8, 2, 64, 16, torch.float32), 64 ** -0.5)
+    # a grid of a quarter of the programs a split aims for runs unsplit over 128-key tiles; a smaller one splits
+    monkeypatch.setattr(pa, "LAUNCH_OVERRIDE", {})
+    wide = pa._attention_launch(2, 5, 8, 4, 64, 1024, 32, torch.bfloat16, None, None)
+    small = pa._attention_launch(1, 5, 8, 4, 64, 1024, 32, torch.bfloat16, None, None)
+    assert wide[0] == 1 and wide[2]["BLOCK_N"] == 128 and small[0] > 1 and small[2]["BLOCK_N"] == 64
+    # scoped to a query class: a verify's knobs leave a decode's launch alone
+    monkeypatch.setattr(pa, "LAUNCH_OVERRIDE", dict(verify=dict(max_splits=1, block_n=16)))
+    assert pa._num_kv_splits(2, 256, 32, 8, max_query_len=5) == 1 and pa._num_kv_splits(2, 256, 32, 8) == 2
+    assert pa._tile_sizes(5, 4, 64)[2] == 16 and pa._tile_sizes(1, 4, 64)[2] == 64
+

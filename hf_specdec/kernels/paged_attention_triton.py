@@ -36,7 +36,8 @@ Small grids (decode and verify at small batch) split each sequence's key range o
 programs (flash-decoding): grid ``(B, q_blocks, kv_heads * S)``, each program leaves its
 unnormalised ``(acc, m, l)`` in float32 scratch and ``_combine_kv_splits_kernel`` merges them.
 ``S`` is a runtime argument and every query of 2..``QUERY_TILE`` tokens gets the same tile, so
-batch size, split count and the speculation length (k = 1..7) never compile a new variant.
+split count and the speculation length (k = 1..7) never compile a new variant; wide grids (large
+batches) run unsplit over longer key tiles, a second variant per query class.
 """
 from __future__ import annotations
 
@@ -244,10 +245,25 @@ def _combine_kv_splits_kernel(out_ptr, part_acc_ptr, part_ml_ptr, num_heads, hea
              mask=d < head_dim)
 
 
-# Launch knobs for benchmarks/attention_sweep.py (empty: the rules below): "block_n", "num_warps",
-# "programs_per_sm" (the programs a split aims for, per SM), "min_tiles" (the fewest key tiles a split takes).
+# Launch knobs for benchmarks/attention_sweep.py and profile_round.py (empty: the rules below): "block_n",
+# "num_warps", "num_stages", "programs_per_sm" (the programs a split aims for, per SM), "min_tiles" (the fewest
+# key tiles a split takes), "max_splits"; under "decode" (1-token queries), "verify" (2..QUERY_TILE) or
+# "prefill", for that query class only.
 LAUNCH_OVERRIDE: dict = {}
 
+
+def _knob(name: str, default, max_query_len: int):
+    """LAUNCH_OVERRIDE's value of ``name`` for this query length's class, else its global one, else ``default``."""
+    tokens = max(int(max_query_len), 1)
+    scope = "decode" if tokens == 1 else "verify" if tokens <= QUERY_TILE else "prefill"
+    return LAUNCH_OVERRIDE.get(scope, {}).get(name, LAUNCH_OVERRIDE.get(name, default))
+
+
+# A decode or verify whose grid has at least 1 / WIDE_GRID_SHARE of the programs a split aims for (2 per SM) runs
+# unsplit over 128-key tiles (8 warps at head_dim 128): at batch 32 the pair's 5-token verify 27.5 -> 20.0 us a
+# call and its draft's decode 13.6 -> 12.8 us (H200, benchmarks/attention_sweep.py, context 416). Small grids keep
+# short tiles and their splits; so does a head_dim over 128 (Gemma's 256: 128-key tiles would not fit registers).
+WIDE_GRID_SHARE = 4
 
 # Queries of 2..QUERY_TILE tokens (the verify of k = 1..7 drafts, a draft's catch-up step) share one tile
 # sized for QUERY_TILE tokens, so the adaptive k never compiles a new variant (before, G = 4 tiled up to 4
@@ -268,7 +284,7 @@ def _tile_sizes(max_query_len: int, num_groups: int, head_dim: int) -> tuple[int
     block_n = 64 if block_d <= 64 else 32
     if block_m >= 64 and block_d <= 128:
         block_n = 64
-    return block_q, block_m, LAUNCH_OVERRIDE.get("block_n", block_n), block_d
+    return block_q, block_m, _knob("block_n", block_n, max_query_len), block_d
 
 
 def _attention_launch(num_seqs: int, max_query_len: int, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -281,13 +297,19 @@ def _attention_launch(num_seqs: int, max_query_len: int, num_heads: int, num_kv_
     G = num_heads // num_kv_heads
     block_q, block_m, block_n, block_d = _tile_sizes(max_query_len, G, head_dim)
     n_qblocks = triton.cdiv(max(int(max_query_len), 1), block_q)
-    splits = 1 if max_query_len > SPLIT_MAX_QUERY else _num_kv_splits(
-        num_seqs * n_qblocks * num_kv_heads, max_context, block_n, programs_target)
+    num_warps = 4
+    wide = max_query_len <= QUERY_TILE and block_d <= 128 and _knob("wide_tiles", True, max_query_len) and \
+        num_seqs * n_qblocks * num_kv_heads * WIDE_GRID_SHARE >= programs_target
+    if wide:
+        block_n, num_warps = _knob("block_n", 128, max_query_len), (8 if block_d >= 128 else 4)
+    splits = 1 if max_query_len > SPLIT_MAX_QUERY or wide else _num_kv_splits(
+        num_seqs * n_qblocks * num_kv_heads, max_context, block_n, programs_target, max_query_len)
     upcast = _INTERPRET_BF16 and dtype == torch.bfloat16
     attention = dict(HAS_SOFTCAP=softcap is not None, HAS_WINDOW=sliding_window is not None,
                      IEEE_FP32=dtype == torch.float32 or upcast, UPCAST=upcast,
                      BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-                     num_warps=LAUNCH_OVERRIDE.get("num_warps", 4), num_stages=2)
+                     num_warps=_knob("num_warps", num_warps, max_query_len),
+                     num_stages=_knob("num_stages", 2, max_query_len))
     combine = dict(BLOCK_S=triton.next_power_of_2(max(MAX_KV_SPLITS, 1)), BLOCK_D=block_d, num_warps=4)
     return splits, (num_seqs, n_qblocks, num_kv_heads * splits), attention, combine
 
@@ -315,8 +337,8 @@ def paged_attention_triton(
         query = query.contiguous()
     assert key_cache.stride(-1) == 1 and value_cache.stride(-1) == 1, "caches need a contiguous head_dim"
     splits, grid, attention, combine = _attention_launch(
-        B, max_query_len, H, KVH, D, block_tables.shape[1] * key_cache.shape[1], _programs_target(query.device),
-        query.dtype, sliding_window, softcap)
+        B, max_query_len, H, KVH, D, block_tables.shape[1] * key_cache.shape[1],
+        _programs_target(query.device, max_query_len), query.dtype, sliding_window, softcap)
     block_d = attention["BLOCK_D"]
     pdl = pdl_launch(query.device)  # the attention's and the combine's launch alike
     if splits > 1:
@@ -353,19 +375,21 @@ MAX_KV_SPLITS = 16
 SPLIT_MAX_QUERY = 32
 
 
-def _programs_target(device: torch.device) -> int:
-    if "programs_per_sm" in LAUNCH_OVERRIDE and device.type == "cuda":
-        return LAUNCH_OVERRIDE["programs_per_sm"] * torch.cuda.get_device_properties(device).multi_processor_count
+def _programs_target(device: torch.device, max_query_len: int) -> int:
+    per_sm = _knob("programs_per_sm", None, max_query_len)
+    if per_sm is not None and device.type == "cuda":
+        return per_sm * torch.cuda.get_device_properties(device).multi_processor_count
     return _num_programs_target(device)
 
 
-def _num_kv_splits(programs: int, max_context: int, block_n: int, target: int) -> int:
+def _num_kv_splits(programs: int, max_context: int, block_n: int, target: int, max_query_len: int = 1) -> int:
     """Split each sequence's keys over several programs when the grid alone cannot fill the
     device (decode and verify at small batch): about ``target`` programs (two per SM), at least
     four key tiles per split. Decided from host-side shapes only (no synchronisation)."""
-    if programs >= target or MAX_KV_SPLITS <= 1:
+    most = min(MAX_KV_SPLITS, _knob("max_splits", MAX_KV_SPLITS, max_query_len))
+    if programs >= target or most <= 1:
         return 1
-    min_tiles = LAUNCH_OVERRIDE.get("min_tiles", 4)
-    splits = max(1, min(MAX_KV_SPLITS, triton.cdiv(target, programs), max_context // (min_tiles * block_n)))
+    min_tiles = _knob("min_tiles", 4, max_query_len)
+    splits = max(1, min(most, triton.cdiv(target, programs), max_context // (min_tiles * block_n)))
     # A power of two (at most MAX_KV_SPLITS, which sizes the combine's BLOCK_S): few distinct counts.
     return 1 << (splits.bit_length() - 1)
