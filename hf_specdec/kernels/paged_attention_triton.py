@@ -262,7 +262,7 @@ def _knob(name: str, default, max_query_len: int):
 # A decode or verify whose grid has at least 1 / WIDE_GRID_SHARE of the programs a split aims for (2 per SM) runs
 # unsplit over 128-key tiles (8 warps at head_dim 128): at batch 32 the pair's 5-token verify 27.5 -> 20.0 us a
 # call and its draft's decode 13.6 -> 12.8 us (H200, benchmarks/attention_sweep.py, context 416). Small grids keep
-# short tiles and their splits; so does a head_dim over 128 (Gemma's 256: 128-key tiles would not fit registers).
+# short tiles and their splits; so do a head_dim over 128 and float32 (128-key tiles would not fit registers).
 WIDE_GRID_SHARE = 4
 
 # Queries of 2..QUERY_TILE tokens (the verify of k = 1..7 drafts, a draft's catch-up step) share one tile
@@ -298,8 +298,9 @@ def _attention_launch(num_seqs: int, max_query_len: int, num_heads: int, num_kv_
     block_q, block_m, block_n, block_d = _tile_sizes(max_query_len, G, head_dim)
     n_qblocks = triton.cdiv(max(int(max_query_len), 1), block_q)
     num_warps = 4
-    wide = max_query_len <= QUERY_TILE and block_d <= 128 and _knob("wide_tiles", True, max_query_len) and \
-        num_seqs * n_qblocks * num_kv_heads * WIDE_GRID_SHARE >= programs_target
+    forced = _knob("wide_tiles", None, max_query_len)  # tests and A/B runs: True / False; None: 16-bit inputs
+    wide = max_query_len <= QUERY_TILE and block_d <= 128 and (dtype.itemsize == 2 if forced is None else forced) \
+        and num_seqs * n_qblocks * num_kv_heads * WIDE_GRID_SHARE >= programs_target
     if wide:
         block_n, num_warps = _knob("block_n", 128, max_query_len), (8 if block_d >= 128 else 4)
     splits = 1 if max_query_len > SPLIT_MAX_QUERY or wide else _num_kv_splits(
