@@ -91,8 +91,9 @@ def main(argv=None):
     ap.add_argument("--block-n", default="32,64")
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--stages", default="2")
-    ap.add_argument("--wide", default="0", help="0,1: the wide-grid rule off (splits as the knobs say) / on "
-                    "(a grid of a quarter of the split's target programs runs unsplit)")
+    ap.add_argument("--wide", default="0", help="0,1: the wide-grid rule off (splits as the knobs say) / on (a grid "
+                    "of a quarter of the split's target programs runs unsplit, with the swept tile and warps: "
+                    "--block-n 128 --warps 8 is the default launch's). The baseline is the default launch")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731

@@ -198,6 +198,8 @@ def check_correctness(gen) -> list[str]:
         ([2, 2], [1000, 3], 12, 4, 64, 4, torch.bfloat16, None, None),
         ([1], [3000], 32, 8, 128, 16, torch.bfloat16, None, None),  # split-KV decode (when enabled)
         ([1, 5], [2000, 1500], 8, 2, 64, 16, torch.float32, 700, 30.0),  # split-KV verify (when enabled)
+        ([5] * 40, list(range(100, 500, 10)), 12, 4, 128, 16, torch.bfloat16, None, None),  # wide grid: 128-key tiles
+        ([1] * 40, list(range(90, 490, 10)), 8, 4, 64, 16, torch.float16, 200, 30.0),  # wide decode, window, softcap
     ]
 
     default_splits = pa.MAX_KV_SPLITS

@@ -57,6 +57,7 @@ def test_attention_constexprs_independent_of_batch_and_k(config, target):
         for kind in (True, False):
             chosen = [d for i, d in enumerate(dicts) if wide[i // per_batch] == kind]
             assert len(_distinct(chosen)) == (1 if chosen else 0), (kind, _distinct(chosen))
+            assert all((d["BLOCK_N"] == 128) == kind for d in chosen)  # the wide launch's 128-key tiles
     assert len(_distinct(combine)) == 1, _distinct(combine)
     if target > 8:
         assert len(splits) > 2, splits  # the split count does vary with the batch: a runtime argument
@@ -182,7 +183,10 @@ def test_launchers_compile_one_variant_per_kernel(monkeypatch, target):
         assert len(set(keys)) == 1, (mode_, kernel, set(keys))
     assert seen["_rejection_sample_split_kernel"] == {"greedy", "sampled"}
     if target > 8:  # off-GPU, 8 kv heads alone fill the 8-program target: no split KV
-        assert seen["_combine_kv_splits_kernel"] == {"decode", "verify"}
+        assert seen["_combine_kv_splits_kernel"] == {"decode", "verify"}  # the wide launch runs unsplit
+        assert seen["_paged_attention_kernel"] == {"decode", "verify", "decode-wide", "verify-wide"}
+        for q in ("decode", "verify"):
+            assert logs[(q, "_paged_attention_kernel")][0] != logs[(q + "-wide", "_paged_attention_kernel")][0]
     else:
         assert seen["_rejection_sample_kernel"] == {"greedy", "sampled"}
         assert seen["_typical_accept_kernel"] == {"typical"}

@@ -55,7 +55,7 @@ def _check(args, scale, window=None, softcap=None):
 @pytest.mark.parametrize("H,KVH", [(4, 4), (8, 2), (6, 2)])
 @pytest.mark.parametrize("wide", [True, False])
 def test_paged_attention_fp32(qlens, ctx_lens, H, KVH, wide, monkeypatch):
-    """Both launches of a decode or verify: wide grids' unsplit 128-key tiles and small grids' split short tiles."""
+    """With and without the wide launch allowed (float32 takes it only when the knob says so)."""
     import hf_specdec.kernels.paged_attention_triton as pa
 
     monkeypatch.setattr(pa, "LAUNCH_OVERRIDE", dict(wide_tiles=wide))
@@ -72,11 +72,7 @@ def test_paged_attention_head_dims(D, block_size):
 
 
 @pytest.mark.parametrize("window,softcap", [(8, None), (None, 5.0), (6, 30.0), (1, None)])
-@pytest.mark.parametrize("wide", [True, False])
-def test_paged_attention_window_softcap(window, softcap, wide, monkeypatch):
-    import hf_specdec.kernels.paged_attention_triton as pa
-
-    monkeypatch.setattr(pa, "LAUNCH_OVERRIDE", dict(wide_tiles=wide))
+def test_paged_attention_window_softcap(window, softcap):
     gen = torch.Generator().manual_seed(window or 0)
     args = _paged_batch(gen, [1, 5, 40], [25, 9, 3], 8, 2, 16, 4, torch.float32)
     _check(args, 0.7, window, softcap)
@@ -173,9 +169,12 @@ def test_write_then_attend_matches_reference():
 
 @pytest.mark.parametrize("dtype,window,softcap", [(torch.float32, None, None), (torch.float32, 300, 30.0),
                                                   (torch.bfloat16, None, None)])
-def test_split_kv_decode(dtype, window, softcap):
+def test_split_kv_decode(dtype, window, softcap, monkeypatch):
     """Small batch, long context: keys split over several programs (flash-decoding) and combined."""
     import hf_specdec.kernels.paged_attention_triton as pa
+
+    monkeypatch.setattr(pa, "LAUNCH_OVERRIDE", dict(wide_tiles=False))  # the small grid's launch (on CPU 4 kv
+    # programs already make a wide grid)
 
     old = pa.MAX_KV_SPLITS
     pa.MAX_KV_SPLITS = 16  # off by default (see the module); exercised here
@@ -247,3 +246,23 @@ def test_launch_override_changes_the_launch_not_the_output(monkeypatch):
     assert pa._num_kv_splits(2, 256, 32, 8, max_query_len=5) == 1 and pa._num_kv_splits(2, 256, 32, 8) == 2
     assert pa._tile_sizes(5, 4, 64)[2] == 16 and pa._tile_sizes(1, 4, 64)[2] == 64
 
+
+
+@pytest.mark.parametrize("dtype,D,window,softcap", [(torch.bfloat16, 128, None, None), (torch.float16, 80, 37, 30.0),
+                                                    (torch.float32, 64, 37, None)])
+@pytest.mark.parametrize("qlens", [[1, 1], [5, 3]])
+def test_wide_and_small_launches_match_the_reference(monkeypatch, dtype, D, window, softcap, qlens):
+    """Decode and verify on both launches over contexts of several 128-key tiles: a wide grid's unsplit 128-key
+    tiles and a small grid's split short tiles; window, softcap, 16-bit and float32, a padded head_dim."""
+    import hf_specdec.kernels.paged_attention_triton as pa
+
+    gen = torch.Generator().manual_seed(D + sum(qlens))
+    args = _paged_batch(gen, qlens, [300, 260], 4, 1, D, 16, dtype)
+    target = pa._num_programs_target(torch.device("cpu"))  # 8: the 2 sequences' programs are a quarter
+    for launch in (dict(wide_tiles=True), dict(wide_tiles=False, min_tiles=1)):
+        monkeypatch.setattr(pa, "LAUNCH_OVERRIDE", launch)
+        splits, _, attention, _ = pa._attention_launch(2, max(qlens), 4, 1, D, args[3].shape[1] * 16, target, dtype,
+                                                       window, softcap)
+        wide = launch["wide_tiles"]
+        assert (splits == 1 and attention["BLOCK_N"] == 128) if wide else (splits > 1 and attention["BLOCK_N"] < 128)
+        _check(args, D ** -0.5, window, softcap)

@@ -247,8 +247,8 @@ def _combine_kv_splits_kernel(out_ptr, part_acc_ptr, part_ml_ptr, num_heads, hea
 
 # Launch knobs for benchmarks/attention_sweep.py and profile_round.py (empty: the rules below): "block_n",
 # "num_warps", "num_stages", "programs_per_sm" (the programs a split aims for, per SM), "min_tiles" (the fewest
-# key tiles a split takes), "max_splits"; under "decode" (1-token queries), "verify" (2..QUERY_TILE) or
-# "prefill", for that query class only.
+# key tiles a split takes), "max_splits", "wide_tiles" (True / False: wide grids take / skip the wide launch
+# whatever the dtype); under "decode" (1-token queries), "verify" (2..QUERY_TILE) or "prefill": that class only.
 LAUNCH_OVERRIDE: dict = {}
 
 
@@ -292,15 +292,15 @@ def _attention_launch(num_seqs: int, max_query_len: int, num_heads: int, num_kv_
                       softcap: Optional[float]) -> tuple[int, tuple[int, int, int], dict, dict]:
     """A launch decided from host-side shapes only: (KV splits, grid, the attention kernel's constexpr
     kwargs, the combine kernel's constexpr kwargs; the combine runs when splits > 1). Each distinct kwargs
-    dict is a JIT compile: they depend on the model, the dtype and the query length's class (1 token,
-    2..``QUERY_TILE``, longer), never on the batch size, the split count or k = 1..7."""
+    dict is a JIT compile: they depend on the model, the dtype, the query length's class (1 token,
+    2..``QUERY_TILE``, longer) and the grid's (small or wide), never on the split count or k = 1..7."""
     G = num_heads // num_kv_heads
     block_q, block_m, block_n, block_d = _tile_sizes(max_query_len, G, head_dim)
     n_qblocks = triton.cdiv(max(int(max_query_len), 1), block_q)
     num_warps = 4
-    forced = _knob("wide_tiles", None, max_query_len)  # tests and A/B runs: True / False; None: 16-bit inputs
-    wide = max_query_len <= QUERY_TILE and block_d <= 128 and (dtype.itemsize == 2 if forced is None else forced) \
-        and num_seqs * n_qblocks * num_kv_heads * WIDE_GRID_SHARE >= programs_target
+    wide_knob = _knob("wide_tiles", None, max_query_len)  # None: 16-bit inputs only
+    wide = (dtype.itemsize == 2 if wide_knob is None else wide_knob) and max_query_len <= QUERY_TILE and \
+        block_d <= 128 and num_seqs * n_qblocks * num_kv_heads * WIDE_GRID_SHARE >= programs_target
     if wide:
         block_n, num_warps = _knob("block_n", 128, max_query_len), (8 if block_d >= 128 else 4)
     splits = 1 if max_query_len > SPLIT_MAX_QUERY or wide else _num_kv_splits(
@@ -377,6 +377,7 @@ SPLIT_MAX_QUERY = 32
 
 
 def _programs_target(device: torch.device, max_query_len: int) -> int:
+    """The programs a split aims for: the acceptance kernels' rule, or the ``programs_per_sm`` knob's."""
     per_sm = _knob("programs_per_sm", None, max_query_len)
     if per_sm is not None and device.type == "cuda":
         return per_sm * torch.cuda.get_device_properties(device).multi_processor_count
