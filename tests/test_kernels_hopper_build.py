@@ -1,10 +1,10 @@
 """Triton kernels compile for a Hopper GPU (sm_90: cubin through the wheel's ptxas), with no GPU: those not yet run
-on a GPU when they were written (the round's commit and step metadata), and the layer kernels' programmatic
+on a GPU when they were written (the round's commit, step metadata, prompt lookup), and the layer kernels' programmatic
 dependent launch variants (``USE_PDL``: the GEMV, the K/V write, the attention and its split-KV combine).
 
 CPU tests run the kernels under Triton's interpreter, which executes their Python but never lowers them; a
 construct the compiler refuses would first fail on a GPU. This builds every variant the runner can launch
-(commit: both run widths; step metadata; the PDL variants) in a process without ``TRITON_INTERPRET``.
+(commit: both run widths; step metadata; prompt lookup; the PDL variants) in a process without ``TRITON_INTERPRET``.
 """
 import os
 import pathlib
@@ -40,6 +40,14 @@ sig = dict(tables_ptr="*i32", positions_ptr="*i64", seq_lens_ptr="*i64", slots_p
            BLOCK="constexpr")
 kernel = triton.compile(ASTSource(fn=sm._step_metadata_kernel, signature=sig, constexprs=dict(BLOCK=256)),
                         target=target, options=dict(num_warps=4))
+assert kernel.asm["cubin"], "no cubin"
+built += 1
+from hf_specdec.kernels import ngram_lookup_triton as nl
+sig = dict(tokens_ptr="*i64", pads_ptr="*i64", length_ptr="*i64", drafts_ptr="*i64", counts_ptr="*i64", W="i32",
+           stride_t="i32", k="i32", min_n="i32", max_n="i32", BLOCK="constexpr", MAX_N="constexpr", BLOCK_K="constexpr")
+kernel = triton.compile(ASTSource(fn=nl._ngram_drafts_kernel, signature=sig,
+                                  constexprs=dict(BLOCK=1024, MAX_N=4, BLOCK_K=8)), target=target,
+                        options=dict(num_warps=4))
 assert kernel.asm["cubin"], "no cubin"
 built += 1
 from hf_specdec.kernels import decode_linear_triton as dl, paged_attention_triton as pa
@@ -87,4 +95,4 @@ def test_kernels_build_for_hopper(tmp_path):
     done = subprocess.run([sys.executable, "-c", _BUILD], cwd=root, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
-    assert "built 7" in done.stdout or "built 3 (no PDL in this Triton)" in done.stdout, done.stdout
+    assert "built 8" in done.stdout or "built 4 (no PDL in this Triton)" in done.stdout, done.stdout

@@ -1,13 +1,14 @@
 """The batched n-gram (prompt lookup) proposer: the device search against a row-by-row oracle, greedy
 output equal to the target's own greedy generate(), the sampling law, and Hugging Face's
 ``prompt_lookup_num_tokens=`` routed to it at batch size > 1."""
+import os
 import random
 
 import pytest
 import torch
 
 import hf_specdec
-from hf_specdec.kernels import ngram_drafts, ngram_drafts_reference
+from hf_specdec.kernels import ngram_drafts, ngram_drafts_reference, ngram_drafts_torch
 from models import VOCAB, left_padded_prompts, make_model
 from test_sampling_exact import V, chi_square_pvalue, exact_joint_23, joint_23_counts, wrong_rejection_sample
 
@@ -27,6 +28,29 @@ def test_device_search_matches_oracle():
         want, want_counts = ngram_drafts_reference(tokens, pads, length, k, lo, hi)
         assert counts.tolist() == want_counts
         assert [d[:c] for d, c in zip(drafts.tolist(), want_counts)] == want
+
+
+@pytest.mark.parametrize("block", [16, 1024])
+def test_triton_search_matches_torch(monkeypatch, block):
+    """The Triton prompt lookup (one launch) against the torch version it stands in for on CUDA: counts and the
+    counted drafts, over rows with many matches and few, ragged pads, n ranges and k; ``block`` 16 makes a row's
+    starts span several blocks."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("runs the Triton kernel on the CPU: TRITON_INTERPRET=1")
+    nt = pytest.importorskip("hf_specdec.kernels.ngram_lookup_triton")
+    monkeypatch.setattr(nt, "BLOCK_STARTS", block)
+    rng = random.Random(block)
+    for _ in range(40):
+        B, W = rng.randint(1, 5), rng.randint(3, 90)
+        tokens = torch.randint(0, rng.choice([2, 3, 5, 50]), (B, W))
+        pads = torch.tensor([rng.randint(0, W - 1) for _ in range(B)])
+        length = torch.tensor([rng.randint(1, W - p) for p in pads.tolist()])
+        k, lo = rng.randint(1, 6), rng.randint(1, 3)
+        hi = rng.randint(lo, 5)
+        want, want_counts = ngram_drafts_torch(tokens, pads, length, k, lo, hi)
+        got, counts = nt.ngram_drafts_triton(tokens, pads, length, k, lo, hi)
+        assert counts.dtype == torch.int64 and counts.tolist() == want_counts.tolist()
+        assert all(g[:c] == w[:c] for g, w, c in zip(got.tolist(), want.tolist(), counts.tolist()))
 
 
 def test_search_cases():

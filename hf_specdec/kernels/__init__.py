@@ -1,7 +1,7 @@
 """Kernels of a speculative round, each a Triton kernel beside a torch reference of the same signature.
 
 ``rejection_sample``, ``typical_accept``, ``write_kv_to_slots``, ``paged_attention``, ``decode_linear``,
-``commit_round`` and ``step_metadata`` call the
+``commit_round``, ``step_metadata`` and ``ngram_drafts`` call the
 custom ops of ``ops.py`` (``torch.ops.hf_specdec.*``): Triton on CUDA tensors, the reference
 elsewhere, one opaque node each under ``torch.compile``. The samplers' random numbers are drawn
 here, outside the ops (custom ops cannot take generators). Nothing here reads tensor values:
@@ -17,7 +17,8 @@ from . import ops
 from .commit_reference import commit_reference
 from .decode_linear_reference import decode_linear_reference
 from .device_constants import device_constant
-from .ngram_lookup import ngram_drafts, ngram_drafts_reference
+from .ngram_lookup import ngram_drafts as ngram_drafts_torch
+from .ngram_lookup import ngram_drafts_reference
 from .paged_attention_reference import paged_attention_reference, write_kv_to_slots_reference
 from .rejection_sampler_reference import PLACEHOLDER_TOKEN_ID, rejection_sample_reference
 from .sampling_noise import draw_acceptance_noise, greedy_noise_placeholders
@@ -113,6 +114,12 @@ def step_metadata(tables, positions, seq_lens, q: int, block_size: int):
     return ops.step_metadata_op(tables, positions, seq_lens, _int(q), _int(block_size))
 
 
+def ngram_drafts(tokens, pads, length, k: int, min_n: int, max_n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt lookup for every row (``ngram_lookup.py``): drafts ``(B, k)`` and counts ``(B,)``; one launch on CUDA
+    (``ngram_lookup_triton.py``), the torch version elsewhere."""
+    return ops.ngram_drafts_op(tokens, pads, length, _int(k), _int(min_n), _int(max_n))
+
+
 def decode_linear(x, weight, bias=None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``; one half-precision row on a Hopper GPU runs ``decode_linear_triton``'s GEMV
     where it beats cuBLAS."""
@@ -131,6 +138,7 @@ __all__ = [
     "greedy_noise_placeholders",
     "ngram_drafts",
     "ngram_drafts_reference",
+    "ngram_drafts_torch",
     "paged_attention",
     "paged_attention_reference",
     "rejection_sample",

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from .commit_reference import commit_reference
 from .decode_linear_reference import decode_linear_reference
+from .ngram_lookup import ngram_drafts
 from .paged_attention_reference import paged_attention_reference, write_kv_to_slots_reference
 from .rejection_sampler_reference import rejection_sample_reference
 from .step_metadata_reference import step_metadata_reference
@@ -169,3 +170,15 @@ def _(tables, positions, seq_lens, q, block_size):
     B = tables.shape[0]
     return (positions.new_empty(B * q, dtype=torch.long), tables.new_empty(B + 1, dtype=torch.int32),
             tables.new_empty(B, dtype=torch.int32), positions.new_empty(B, dtype=torch.long))
+
+
+@torch.library.custom_op("hf_specdec::ngram_drafts", mutates_args=())
+def ngram_drafts_op(tokens: Tensor, pads: Tensor, length: Tensor, k: int, min_n: int,
+                    max_n: int) -> tuple[Tensor, Tensor]:
+    fn = _impl(tokens, "ngram_lookup_triton", "ngram_drafts_triton", ngram_drafts)
+    return fn(tokens, pads, length, k, min_n, max_n)
+
+
+@ngram_drafts_op.register_fake
+def _(tokens, pads, length, k, min_n, max_n):
+    return tokens.new_empty((tokens.shape[0], k)), tokens.new_empty(tokens.shape[0], dtype=torch.long)
