@@ -15,15 +15,20 @@ from test_sampling_exact import V, chi_square_pvalue, exact_joint_23, joint_23_c
 MAX_NEW = 17
 
 
+def random_search(rng: random.Random, max_width: int, max_n: int):
+    """Rows with many matches (2-5 token values) or few (50), ragged pads and lengths, k and an n range."""
+    B, W = rng.randint(1, 5), rng.randint(3, max_width)
+    tokens = torch.randint(0, rng.choice([2, 3, 5, 50]), (B, W))
+    pads = torch.tensor([rng.randint(0, W - 1) for _ in range(B)])
+    length = torch.tensor([rng.randint(1, W - p) for p in pads.tolist()])
+    k, lo = rng.randint(1, 6), rng.randint(1, 3)
+    return tokens, pads, length, k, lo, rng.randint(lo, max_n)
+
+
 def test_device_search_matches_oracle():
     rng = random.Random(0)
     for _ in range(300):
-        B, W = rng.randint(1, 5), rng.randint(3, 40)
-        tokens = torch.randint(0, rng.choice([2, 3, 5, 50]), (B, W))
-        pads = torch.tensor([rng.randint(0, W - 1) for _ in range(B)])
-        length = torch.tensor([rng.randint(1, W - p) for p in pads.tolist()])
-        k, lo = rng.randint(1, 6), rng.randint(1, 3)
-        hi = rng.randint(lo, 4)
+        tokens, pads, length, k, lo, hi = random_search(rng, 40, 4)
         drafts, counts = ngram_drafts(tokens, pads, length, k, lo, hi)
         want, want_counts = ngram_drafts_reference(tokens, pads, length, k, lo, hi)
         assert counts.tolist() == want_counts
@@ -41,12 +46,7 @@ def test_triton_search_matches_torch(monkeypatch, block):
     monkeypatch.setattr(nt, "BLOCK_STARTS", block)
     rng = random.Random(block)
     for _ in range(40):
-        B, W = rng.randint(1, 5), rng.randint(3, 90)
-        tokens = torch.randint(0, rng.choice([2, 3, 5, 50]), (B, W))
-        pads = torch.tensor([rng.randint(0, W - 1) for _ in range(B)])
-        length = torch.tensor([rng.randint(1, W - p) for p in pads.tolist()])
-        k, lo = rng.randint(1, 6), rng.randint(1, 3)
-        hi = rng.randint(lo, 5)
+        tokens, pads, length, k, lo, hi = random_search(rng, 90, 5)
         want, want_counts = ngram_drafts_torch(tokens, pads, length, k, lo, hi)
         got, counts = nt.ngram_drafts_triton(tokens, pads, length, k, lo, hi)
         assert counts.dtype == torch.int64 and counts.tolist() == want_counts.tolist()
