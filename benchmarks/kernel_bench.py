@@ -229,6 +229,18 @@ def check_correctness(gen) -> list[str]:
         write_kv_to_slots_reference(key, value, kc2, vc2, slots)
         if not (torch.equal(kc, kc2) and torch.equal(vc, vc2)):
             failures.append(f"kv write {in_dtype}->{cache_dtype}")
+    # prompt lookup: rows of few token values (matches everywhere) and many, ragged pads, rows past one start block
+    from hf_specdec.kernels.ngram_lookup import ngram_drafts as ngram_drafts_torch
+    from hf_specdec.kernels.ngram_lookup_triton import ngram_drafts_triton
+    for B, W, values, k, lo, hi in [(4, 40, 3, 4, 1, 3), (16, 700, 5, 8, 2, 4), (3, 3000, 50, 6, 1, 5)]:
+        tokens = torch.randint(0, values, (B, W), device=DEV, generator=gen)
+        pads = torch.randint(0, W // 2, (B,), device=DEV, generator=gen)
+        length = W - pads - torch.randint(0, W // 4, (B,), device=DEV, generator=gen)
+        want, want_counts = ngram_drafts_torch(tokens, pads, length, k, lo, hi)
+        got, counts = ngram_drafts_triton(tokens, pads, length, k, lo, hi)
+        keep = torch.arange(k, device=DEV)[None, :] < want_counts[:, None]
+        if not (torch.equal(counts, want_counts) and torch.equal(got[keep], want[keep])):
+            failures.append(f"ngram B{B} W{W} values{values} k{k} n{lo}..{hi}")
     # samplers: tiny vocab (several sequences per program), odd vocab, ragged, mixed greedy/random, no q
     for V, B, K in [(5, 300, 3), (1000, 40, 4), (32001, 8, 8)]:
         for has_q in (True, False):
