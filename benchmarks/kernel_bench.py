@@ -34,11 +34,13 @@ from triton.testing import do_bench  # noqa: E402
 
 from hf_specdec.kernels import (  # noqa: E402
     draw_acceptance_noise,
+    ngram_drafts_torch,
     paged_attention_reference,
     rejection_sample_reference,
     typical_accept_reference,
     write_kv_to_slots_reference,
 )
+from hf_specdec.kernels.ngram_lookup_triton import ngram_drafts_triton  # noqa: E402
 from hf_specdec.kernels.paged_attention_triton import paged_attention_triton, write_kv_to_slots_triton  # noqa: E402
 from hf_specdec.kernels.rejection_sampler_triton import rejection_sample_triton  # noqa: E402
 from hf_specdec.kernels.typical_acceptance_triton import typical_accept_triton  # noqa: E402
@@ -230,8 +232,6 @@ def check_correctness(gen) -> list[str]:
         if not (torch.equal(kc, kc2) and torch.equal(vc, vc2)):
             failures.append(f"kv write {in_dtype}->{cache_dtype}")
     # prompt lookup: rows of few token values (matches everywhere) and many, ragged pads, rows past one start block
-    from hf_specdec.kernels.ngram_lookup import ngram_drafts as ngram_drafts_torch
-    from hf_specdec.kernels.ngram_lookup_triton import ngram_drafts_triton
     for B, W, values, k, lo, hi in [(4, 40, 3, 4, 1, 3), (16, 700, 5, 8, 2, 4), (3, 3000, 50, 6, 1, 5)]:
         tokens = torch.randint(0, values, (B, W), device=DEV, generator=gen)
         pads = torch.randint(0, W // 2, (B,), device=DEV, generator=gen)

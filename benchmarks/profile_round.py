@@ -9,6 +9,7 @@ then a torch.profiler trace of replayed round graphs, summarised by kernel.
     python benchmarks/profile_round.py --batches 1,32 [--no-compile] [--context 384]
 """
 import argparse
+import json
 import os
 import sys
 import time
@@ -20,6 +21,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script from anywhere
 
 import hf_specdec
+from hf_specdec.kernels import paged_attention_triton
 from hf_specdec.runner import bucket_for, runner_for
 from hf_specdec.runner.stage_timing import time_stages
 
@@ -63,15 +65,9 @@ def main():
                     "(A/B runs), e.g. '{\"verify\": {\"block_n\": 64, \"num_warps\": 8, \"max_splits\": 1}}'")
     args = ap.parse_args()
     if args.attention_launch:
-        import json
-
-        from hf_specdec.kernels import paged_attention_triton
-
         paged_attention_triton.LAUNCH_OVERRIDE.update(json.loads(args.attention_launch))
         print(f"LAUNCH_OVERRIDE = {paged_attention_triton.LAUNCH_OVERRIDE}")
     if args.kv_splits is not None:
-        from hf_specdec.kernels import paged_attention_triton
-
         paged_attention_triton.MAX_KV_SPLITS = args.kv_splits
         print(f"MAX_KV_SPLITS = {args.kv_splits}")
     torch.manual_seed(0)

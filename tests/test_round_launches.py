@@ -18,3 +18,5 @@ def test_a_round_issues_few_launches_outside_the_models(tmp_path):
     # none a round (the call's setup has a few): the verify's constants are kept, and it has no processors to feed
     assert all(greedy["ops"].get(name, 0) < 1 for name in ("ones", "ones_like", "repeat_interleave")), greedy["ops"]
     assert rows[("draft", 4, True)]["ops_per_round"] > greedy["ops_per_round"]  # sampling also copies the probs
+    lookup = rows[("ngram", 4, False)]  # the search is one launch a round (in torch ops about ten per n: 111 a round)
+    assert lookup["ops"].get("ngram_drafts") == 1.0 and lookup["ops_per_round"] < 50, lookup
