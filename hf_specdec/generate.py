@@ -115,7 +115,8 @@ class _Call:
         if runner.compile_status():  # compiled code not ready yet (or failed): this call runs graphs of the models
             self.metrics.fast_path = f"graphs ({runner.compile_status()})"
         self.policy = SpeculationLength(k, adaptive, spec_config.method, runner.policy_memory,
-                                        hold_rounds=GRAPH_HOLD_ROUNDS if path.graphs else 1)
+                                        hold_rounds=GRAPH_HOLD_ROUNDS if path.graphs else 1,
+                                        execution=runner.execution)
         if streamer is not None:  # once nothing in the setup can refuse the call (a streamer is then ended too)
             streamer.put(input_ids.cpu())
 

@@ -234,6 +234,43 @@ def test_one_stalled_round_does_not_price_a_length_out():
     assert policy.cost(1, k) < 2.0
 
 
+def test_round_costs_are_kept_per_execution():
+    """Rounds on the models' uncompiled graphs (while the compiled code is being made) cost about twice what
+    compiled rounds cost. A call that switches to the compiled code prices its rounds afresh: with one table,
+    k = 0 (re-measured every round) got cheap while k > 0 kept its old prices, and speculation stopped."""
+    memory = {}
+    graphs = SpeculationLength(4, True, "draft", memory, hold_rounds=2, execution=(True, False))
+    for _ in range(3):
+        measured(graphs, 32, {0: 2.0, 4: 4.0})
+    for _ in range(10):
+        graphs.observe(32, 4, None, [(r, 3, 4) for r in range(32)])
+    graphs.end_call()
+    compiled = SpeculationLength(4, True, "draft", memory, hold_rounds=2, execution=(True, True))
+    assert not compiled.has_costs(32)  # the loop times k = 0 and k_max on this execution first
+    for _ in range(3):
+        measured(compiled, 32, {0: 1.0, 4: 1.8})
+    for _ in range(10):
+        compiled.observe(32, 4, None, [(r, 3, 4) for r in range(32)])
+    assert compiled.cost(32, 4) == 1.8 and graphs.cost(32, 4) == 4.0
+    assert compiled.choose(32, list(range(32)), [100] * 32) > 0
+    again = SpeculationLength(4, True, "draft", memory, hold_rounds=2, execution=(True, False))
+    assert again.has_costs(32) and again.cost(32, 0) == 2.0  # each execution keeps its own table
+
+
+def test_generate_keeps_round_costs_under_the_call_s_execution():
+    from hf_specdec.runner import runner_for
+    target = hf_specdec.enable(make_model("llama", seed=5))
+    draft = make_draft(target, "full")
+    ids, mask = left_padded_prompts(2, seed=1)
+    target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=8, assistant_model=draft,
+                    spec_config=hf_specdec.SpecConfig(num_speculative_tokens=3, adaptive=True))
+    runner = runner_for(target, draft)
+    assert runner.execution == (False, False)  # CPU: no graphs, no compiled code
+    tables = runner.policy_memory["costs_by_execution"]
+    assert list(tables) == [(False, False)] and tables[(False, False)]["costs"]
+    assert "costs" not in runner.policy_memory
+
+
 def test_rows_seen_first_in_choose_start_from_the_prior():
     policy = SpeculationLength(3, True, "draft", {"acceptance": 0.9})
     measured(policy, 8, {0: 1.0, 3: 1.2})

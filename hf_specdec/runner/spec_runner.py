@@ -299,6 +299,11 @@ class SpecRunner:
         """This call's rounds replay CUDA graphs."""
         return self.key.graphs
 
+    @property
+    def execution(self) -> tuple[bool, bool]:
+        """(graphs, compiled code): how this call's rounds run, which their costs depend on besides shape and k."""
+        return self.key.graphs, self.key.compile
+
     def pool_bytes(self) -> int:
         """Device memory held by both caches' pools."""
         return sum(t.numel() * t.element_size() for cache in self.caches.values()

@@ -4,9 +4,10 @@ on this machine, from the rounds it measured (``speculation_length.py`` decides 
 A round's cost is the median of its last few clean measurements (graph replays are steady; a host stall
 in one round must not price a k out for good); a k not measured lies on the line through the measured
 ones (through the measured k >= 1 where two exist: a round that drafts pays for the draft). The samples
-live in the policy's memory (``memory["costs"]``: (bucket, k) -> seconds), so they outlive a call; the
-runner seeds them on graphs by timing rounds of k = 0 and k_max when it first uses a bucket (the line
-prices the k between until their own rounds are measured). Without graphs the
+live in the policy's memory (``memory["costs"]``: (bucket, k) -> seconds), one memory per way the rounds run
+(graphs, compiled code), so they outlive a call; the runner seeds them on graphs by timing rounds of k = 0
+and k_max when it first uses a bucket on that way (the line prices the k between until their own rounds are
+measured). Without graphs the
 first round of each (bucket, k) in a call is not timed (one-time work), and a round in which no row
 drafted (no n-gram match) stands in for its k only until a round that drafted is measured.
 """

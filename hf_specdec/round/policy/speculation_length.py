@@ -88,11 +88,13 @@ _MAX_PROBE = 1024  # a probe after long runs of 0 costs a catch-up of the draft 
 
 class SpeculationLength:
     def __init__(self, k_max: int, adaptive: bool, method: str, memory: Optional[dict] = None,
-                 hold_rounds: int = 1):
+                 hold_rounds: int = 1, execution: Optional[tuple] = None):
         """``memory``: what outlives a call (kept on the runner): round costs, the acceptance seen, the
         run-position corrections, the probing schedule. A fresh dict starts from nothing. ``hold_rounds``:
         a decision stands this many rounds of the same bucket while no row joins (the fast path's rounds last a
-        millisecond or two, and the host's policy work delays the next one; estimates move slowly anyway)."""
+        millisecond or two, and the host's policy work delays the next one; estimates move slowly anyway).
+        ``execution``: how this call's rounds run (the runner's (graphs, compiled code)); round costs are kept
+        per execution, the rest of the memory is shared (None: the costs live in ``memory`` itself)."""
         self.k_max, self.adaptive, self.method = k_max, adaptive, method
         self.hold_rounds = hold_rounds
         self._held: Optional[list] = None  # [(bucket, live rows), k, rounds it still stands]
@@ -101,7 +103,13 @@ class SpeculationLength:
         self._probing = False  # the decision being made is a probe (set by _choose)
         self._pending: Optional[tuple] = None  # a decision made ahead by prepare: (shape, k, stands, probing)
         self.memory = memory if memory is not None else {}
-        self.costs = RoundCosts(k_max, self.memory, first_round_untimed=hold_rounds == 1)  # c(B, k) (round_costs.py)
+        # A call that switches to the compiled code times its rounds afresh: the costs measured on the models'
+        # uncompiled graphs (while compiling in the background) priced every k > 0 at about twice its cost, and
+        # only k = 0, the one chosen, was measured again (an H200 pair at b = 32: k = 0 in 126 of 127 rounds).
+        costs = self.memory if execution is None else self.memory.setdefault("costs_by_execution", {})
+        if execution is not None:
+            costs = costs.setdefault(execution, {})
+        self.costs = RoundCosts(k_max, costs, first_round_untimed=hold_rounds == 1)  # c(B, k) (round_costs.py)
         prior = self.memory.get("acceptance")
         self.call_prior = 0.5 if prior is None else prior
         self.seen = [0.0, 0.0]  # this call's accepted drafts and rejections over all rows (not decayed)
