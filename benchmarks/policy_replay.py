@@ -169,13 +169,17 @@ def replay_call(policy, bucket: int, runs: list[np.ndarray], cost: np.ndarray, d
 
 
 def costs_of(path: str) -> dict:
-    """Round costs (ms per bucket and k) of a traces file or of a strategies result's adaptive row."""
+    """Round costs (ms per bucket and k) of a traces file, of a strategies result's adaptive row or of an e2e
+    result's first speculative row (``benchmarks/e2e.py``: the adaptive fast path's)."""
     with open(path) as fh:
         report = json.load(fh)
     if "costs_ms" in report:
         return report["costs_ms"]
-    for row in report["rows"]:
+    for row in report.get("rows", []):
         if row.get("row") == "adaptive" and (row.get("spec_metrics") or {}).get("round_costs_ms"):
+            return row["spec_metrics"]["round_costs_ms"]
+    for row in report.get("results", []):
+        if row.get("method") == "hf_specdec" and (row.get("spec_metrics") or {}).get("round_costs_ms"):
             return row["spec_metrics"]["round_costs_ms"]
     raise SystemExit(f"{path}: no costs_ms and no adaptive row with round_costs_ms")
 

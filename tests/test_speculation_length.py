@@ -271,6 +271,29 @@ def test_generate_keeps_round_costs_under_the_call_s_execution():
     assert "costs" not in runner.policy_memory
 
 
+def test_the_row_spread_shortens_rounds_but_does_not_stop_drafting(monkeypatch):
+    """At a call's start no row has drafted: they count as the slowest of rows that spread (row_spread.py).
+    That may shorten the rounds, but a k = 0 it chose would bring no verdicts and leave the rows as unknown and as
+    pessimistic until the next probe (an H200 pair's traces at b = 32: k = 0 in 65 of 207 rounds, 0.96x the best
+    fixed k)."""
+    from hf_specdec.round.policy import speculation_length as sl
+
+    def first_choice():
+        policy = SpeculationLength(4, True, "draft", {"acceptance": 0.6, "row_spread": 0.04}, hold_rounds=2)
+        for _ in range(3):
+            measured(policy, 32, {0: 1.0, 1: 1.31, 2: 1.5, 3: 1.7, 4: 1.86})
+        rows = list(range(32))
+        spread, plain = policy.bottleneck_rounds(rows, [100] * 32), policy.bottleneck_rounds(rows, [100] * 32, False)
+        return policy.choose(32, rows, [100] * 32), spread, plain
+
+    k, spread, plain = first_choice()
+    costs = np.array([1.0, 1.31, 1.5, 1.7, 1.86])
+    assert np.argmax(1 / (costs * spread)) == 0 and np.argmax(1 / (costs * plain)) > 0  # the case in question
+    assert k == 1 + np.argmax(1 / (costs * spread)[1:])  # the spread still sets the length
+    monkeypatch.setattr(sl, "_SPREAD_STOPS_DRAFTING", True)
+    assert first_choice()[0] == 0  # as before
+
+
 def test_rows_seen_first_in_choose_start_from_the_prior():
     policy = SpeculationLength(3, True, "draft", {"acceptance": 0.9})
     measured(policy, 8, {0: 1.0, 3: 1.2})

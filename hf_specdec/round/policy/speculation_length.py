@@ -49,7 +49,8 @@ slowest set the pace).
   measured for a bucket, the policy tries them.
 * The slowest row at a call's start: rows that have not drafted yet are all at the prior, but the slowest
   of them is not; they count as the slowest of as many rows spread as the batch's rows are
-  (``row_spread.py``).
+  (``row_spread.py``). That sets the length, not whether to draft: a k = 0 it alone chose would bring no
+  verdicts, and the rows would stay unknown until the next probe.
 * After a run of k = 0 the policy probes k > 0 once (after 16, 32, 64 ... 1024 rounds, a
   schedule kept across calls) so that a draft which starts to agree again is noticed.
 * The host work per round is a few array operations over rows x positions (numpy), not Python
@@ -75,6 +76,7 @@ _LONG_DECAY = 0.97  # ... in its long-memory counts: a row whose text the draft 
 _ROW_PRIOR_WEIGHT = 16.0  # pseudo-drafts of the row's long-memory acceptance in its short-memory one
 _LONG_PRIOR_WEIGHT = 32.0  # pseudo-drafts of the call's prior in a row's long-memory acceptance
 _ROW_SPREAD = 1  # rows whose rate is unknown (a call's start) count as the slowest of rows that differ (row_spread.py)
+_SPREAD_STOPS_DRAFTING = False  # True: the spread may also choose k = 0 (before 2026-11-28; policy_replay --set)
 _SPREAD_MIN_DRAFTS = 8.0  # long-memory drafts of a row before its rate is its own (and counts toward the spread)
 _SPREAD_MIN_ROWS = 4  # ... and rows with that many before the spread is estimated (else the last call's)
 _PRIOR_WEIGHT = 4.0  # pseudo-rounds of the prior in a row's match rate, and of 0.5 in a first call's prior
@@ -123,6 +125,7 @@ class SpeculationLength:
         self._idle_decays = np.array([_IDLE_DECAY] * 6 + [_IDLE_DECAY ** 2])
         self.histogram: Counter = Counter()
         self._spread: Optional[float] = None  # row_spread(), until the stats move
+        self._spread_applies = False  # the last bottleneck_rounds moved unknown rows below the prior
         self.memory.setdefault("zero_streak", 0)
         self.memory.setdefault("probe_every", _FIRST_PROBE)
 
@@ -182,6 +185,11 @@ class SpeculationLength:
                 return k
         rates = 1.0 / (self.cost_table(bucket) * self.bottleneck_rounds(rows, remaining))
         best = int(np.argmax(rates))
+        if best == 0 and not _SPREAD_STOPS_DRAFTING and self._spread_applies:
+            # The spread below the prior may shorten rounds but not stop drafting: rounds of k = 0 bring no
+            # verdicts, so the rows would stay unknown, and as pessimistic, until the next probe.
+            if np.argmax(1.0 / (self.cost_table(bucket) * self.bottleneck_rounds(rows, remaining, False))) > 0:
+                best = 1 + int(np.argmax(rates[1:]))
         mem = self.memory
         if best > 0:
             mem["zero_streak"], mem["probe_every"] = 0, _FIRST_PROBE
@@ -201,16 +209,19 @@ class SpeculationLength:
         running."""
         return self.adaptive and self.method == "draft" and self.k_max > 0 and self.memory.get("last_k") == 0
 
-    def bottleneck_rounds(self, rows: list[int], remaining: list[int]) -> np.ndarray:
-        """For k = 0..k_max: rounds the slowest row still needs, ``max_rows remaining / E_row(k)``."""
+    def bottleneck_rounds(self, rows: list[int], remaining: list[int], spread: bool = True) -> np.ndarray:
+        """For k = 0..k_max: rounds the slowest row still needs, ``max_rows remaining / E_row(k)``; ``spread``:
+        rows not yet known count as the slowest of rows that differ (``_spread_applies`` says if it moved any)."""
         left = np.maximum(np.asarray(remaining, dtype=np.float64), 1.0)[:, None]
         index = self._rows(rows)  # first: it may grow the stats
         st = self.stats[index]
         m, a = self._matches(st)[:, None], self._rates(st)
         unknown = st[:, 4] + st[:, 5] < _SPREAD_MIN_DRAFTS  # rows whose own rate is not known yet
         n_unknown = int(unknown.sum())
-        if n_unknown > 1:  # the slowest of them, z_m spreads below the prior (row_spread.py)
+        self._spread_applies = False
+        if spread and n_unknown > 1:  # the slowest of them, z_m spreads below the prior (row_spread.py)
             tau2 = self.row_spread()  # only here: most of a call's decisions know every row's rate
+            self._spread_applies = tau2 > 0.0
             if tau2 > 0.0:
                 slowest = slowest_quantile(n_unknown) * np.sqrt(tau2)
                 a = np.where(unknown, np.maximum(a - slowest, 1e-3), a)
