@@ -3,7 +3,8 @@
 * The thread's compiled callable gives the model's own paged logits, for every shape family it exercised,
   without compiling again when the caller then uses it; real calls (draft steps, verifies of several k, batch
   buckets, sampling) after it compile nothing more.
-* A compilation that fails is kept, reported once as a warning, and never raised into a call.
+* A compilation that fails is kept, reported once as a warning, and never raised into a call; the next call
+  compiles once more.
 * While the thread runs paged forwards of a model, the caller's paged forwards of the same model keep the
   paged implementation until the last one ends, and the user's own implementation comes back after both.
 """
@@ -71,6 +72,53 @@ def test_a_failed_compilation_is_reported_once_and_never_raised(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert not job.ready() and not job.wait()  # once only
+
+
+def test_a_failed_compilation_is_tried_once_more_by_the_next_call(tmp_path, monkeypatch):
+    """torch.compile in another thread of the process can break a compilation here (Dynamo's FX-tracing flag is
+    process-wide): the next call that asks compiles again, once."""
+    from hf_specdec.runner import background_compile
+
+    model = build_model("llama_gqa")
+    failures = [RuntimeError("Detected that you are using FX to symbolically trace a dynamo-optimized function")]
+
+    def flaky(gm, example_inputs):
+        if failures:
+            raise failures.pop()
+        return gm.forward
+
+    made = []
+
+    class Flaky(background_compile.BackgroundCompile):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.backend, self.disk, self.prewarm = flaky, CompileCache(tmp_path), False
+            made.append(self)
+
+    monkeypatch.setattr(background_compile, "BackgroundCompile", Flaky)
+    first = background_compile.compile_job(model, 96, 4, 16)
+    assert background_compile.compile_job(model, 96, 4, 16) is first  # not failed: the same job
+    first.start()._thread.join()
+    assert background_compile.compile_job(model, 96, 4, 16) is first  # failed, not yet reported: no retry
+    with pytest.warns(RuntimeWarning, match="failed.*The next call tries once more"):
+        assert not first.ready()
+    second = background_compile.compile_job(model, 96, 4, 16)
+    assert second is not first and second.attempt == 2 and len(made) == 2
+    assert second.start().wait() and second.error is None and second.compiled is not None
+    assert background_compile.compile_job(model, 96, 4, 16) is second
+
+
+def test_a_second_failure_stands(tmp_path):
+    model = build_model("llama_gqa")
+
+    def broken(gm, example_inputs):
+        raise RuntimeError("no compiler here")
+
+    job = BackgroundCompile(model, 96, 4, backend=broken, disk=CompileCache(tmp_path), attempt=2).start()
+    job._thread.join()
+    with pytest.warns(RuntimeWarning, match="no compiler here.*slower\\). SpecConfig"):
+        assert not job.ready()
+    assert job.retry() is None
 
 
 def _paged_forward_in_another_thread(model):

@@ -17,8 +17,9 @@ calls made meanwhile run on graphs of the uncompiled models. The thread:
 
 The first call after that captures its graphs over the compiled code (a capture, not a compilation).
 ``SpecConfig(compile=True)`` waits for it instead, as ``hf_specdec.warmup`` does. A failure never reaches a
-call: it is kept, reported once as a warning, and the runner stays on graphs of the uncompiled models (the
-same output). Without the separate process (it failed, or no CUDA) step 2 does the whole compilation.
+call: it is kept, reported as a warning, and the runner stays on graphs of the uncompiled models (the
+same output); the next call that asks compiles once more (``retry``: torch.compile in another thread of the
+process can break a compilation here), and a second failure stands for the process. Without the separate process (it failed, or no CUDA) step 2 does the whole compilation.
 """
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ SHAPES = ((1, 1, True, "rows"), (2, 1, True, "rows"), (1, 1, False, "table"), (2
           (1, 2, True, "table"), (2, 2, True, "table"), (1, 3, False, "table"), (3, 2, False, "table"))
 HEAD_SHAPES = ((1, 2, True, "no logits"), (2, 2, True, "no logits"))  # a draft head's first step at k = 0
 _SWITCH_INTERVAL = 0.0005  # seconds: while this thread traces, the caller's rounds wait for the GIL at most this
+_ATTEMPTS = 2  # compilations of a model per process before its calls stay on graphs of the uncompiled model
 _SCRATCH_BLOCKS = 4  # blocks of its own per scratch row (its table is as wide as the runner's, the rest block 0)
 
 
@@ -66,6 +68,8 @@ def compile_job(model: PreTrainedModel, vocab_size: int, block_size: int, table_
     if job is None or job.modules != module_signature(model):  # new, or its copy holds replaced modules
         job = jobs[(vocab_size, block_size)] = BackgroundCompile(model, vocab_size, block_size,
                                                                  table_width=table_width)
+    elif job.retry() is not None:
+        job = jobs[(vocab_size, block_size)] = job.retry()
     return job
 
 
@@ -74,7 +78,7 @@ class BackgroundCompile:
 
     def __init__(self, model: PreTrainedModel, vocab_size: int, block_size: int, backend="inductor",
                  disk: Optional[CompileCache] = None, prewarm: Optional[bool] = None, key: Optional[str] = None,
-                 table_width: int = 16):
+                 table_width: int = 16, attempt: int = 1):
         """``prewarm``: compile a skeleton in a separate process first (default: on CUDA, with Inductor).
         ``table_width``: the runner's block tables' width: the kernels around the compiled regions then meet the
         real calls' shapes (their split-KV choice, Triton's integer specialisations) here, and JIT-compile here."""
@@ -87,6 +91,7 @@ class BackgroundCompile:
         self.key = key or cache_key([model], extra=("compile_regions", "dynamic", "fused_projections", "decode_linear",
                                                     str(backend), SHAPES, f"inductor_pdl={inductor_pdl()}",
                                                     f"post_grad={PostGradPasses().uuid()[:16]}"))
+        self.attempt = attempt  # a failure reported by attempt 1 is tried once more (``retry``)
         self.compiled = None
         self.error: Optional[str] = None
         self.prewarm_error: Optional[str] = None  # the separate process failed: this one compiled it all
@@ -94,6 +99,7 @@ class BackgroundCompile:
         self._done = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._warned = False
+        self._retry: Optional["BackgroundCompile"] = None
 
     def start(self) -> "BackgroundCompile":
         if self._thread is None and not self._done.is_set():
@@ -105,10 +111,22 @@ class BackgroundCompile:
         """The compiled callable is there (False while compiling, and for good after a failure)."""
         if self._done.is_set() and self.error is not None and not self._warned:
             self._warned = True
+            again = " The next call tries once more." if self.attempt < _ATTEMPTS else ""
             warnings.warn(f"hf_specdec: compiling {type(self.model).__name__} failed ({self.error}); it runs on CUDA "
-                          "graphs of the uncompiled model (same output, a little slower). SpecConfig(compile=False) "
-                          "skips the attempt.", RuntimeWarning, stacklevel=3)
+                          f"graphs of the uncompiled model (same output, a little slower).{again} "
+                          "SpecConfig(compile=False) skips the attempt.", RuntimeWarning, stacklevel=3)
         return self._done.is_set() and self.compiled is not None
+
+    def retry(self) -> Optional["BackgroundCompile"]:
+        """After a first failure has been reported, a new job (not started) that compiles again; else None. A
+        failure need not be the model's: torch.compile in another thread of this process can break a compilation
+        here (Dynamo's FX-tracing flag is process-wide; seen on an H200 beside Hugging Face's compiled generate)."""
+        if not (self._warned and self.compiled is None and self.attempt < _ATTEMPTS):
+            return None
+        if self._retry is None:
+            self._retry = BackgroundCompile(self.model, self.vocab_size, self.block_size, self.backend, self.disk,
+                                            self.prewarm, self.key, self.table_width, self.attempt + 1)
+        return self._retry
 
     def finished(self) -> bool:
         """Compiled, or failed for good: waiting returns at once."""
