@@ -19,7 +19,8 @@ The first call after that captures its graphs over the compiled code (a capture,
 ``SpecConfig(compile=True)`` waits for it instead, as ``hf_specdec.warmup`` does. A failure never reaches a
 call: it is kept, reported as a warning, and the runner stays on graphs of the uncompiled models (the
 same output); the next call that asks compiles once more (``retry``: torch.compile in another thread of the
-process can break a compilation here), and a second failure stands for the process. Without the separate process (it failed, or no CUDA) step 2 does the whole compilation.
+process can break a compilation here), and a second failure stands for the process. Without the separate
+process (it failed, or no CUDA) step 2 does the whole compilation.
 """
 from __future__ import annotations
 
@@ -108,7 +109,7 @@ class BackgroundCompile:
         return self
 
     def ready(self) -> bool:
-        """The compiled callable is there (False while compiling, and for good after a failure)."""
+        """The compiled callable is there (False while compiling, and after a failure: ``retry`` may try again)."""
         if self._done.is_set() and self.error is not None and not self._warned:
             self._warned = True
             again = " The next call tries once more." if self.attempt < _ATTEMPTS else ""

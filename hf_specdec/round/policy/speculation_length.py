@@ -108,9 +108,8 @@ class SpeculationLength:
         # A call that switches to the compiled code times its rounds afresh: the costs measured on the models'
         # uncompiled graphs (while compiling in the background) priced every k > 0 at about twice its cost, and
         # only k = 0, the one chosen, was measured again (an H200 pair at b = 32: k = 0 in 126 of 127 rounds).
-        costs = self.memory if execution is None else self.memory.setdefault("costs_by_execution", {})
-        if execution is not None:
-            costs = costs.setdefault(execution, {})
+        costs = self.memory if execution is None else \
+            self.memory.setdefault("costs_by_execution", {}).setdefault(execution, {})
         self.costs = RoundCosts(k_max, costs, first_round_untimed=hold_rounds == 1)  # c(B, k) (round_costs.py)
         prior = self.memory.get("acceptance")
         self.call_prior = 0.5 if prior is None else prior
