@@ -247,7 +247,6 @@ def test_launch_override_changes_the_launch_not_the_output(monkeypatch):
     assert pa._tile_sizes(5, 4, 64)[2] == 16 and pa._tile_sizes(1, 4, 64)[2] == 64
 
 
-
 @pytest.mark.parametrize("dtype,D,window,softcap", [(torch.bfloat16, 128, None, None), (torch.float16, 80, 37, 30.0),
                                                     (torch.float32, 64, 37, None)])
 @pytest.mark.parametrize("qlens", [[1, 1], [5, 3]])

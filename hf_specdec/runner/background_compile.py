@@ -69,8 +69,8 @@ def compile_job(model: PreTrainedModel, vocab_size: int, block_size: int, table_
     if job is None or job.modules != module_signature(model):  # new, or its copy holds replaced modules
         job = jobs[(vocab_size, block_size)] = BackgroundCompile(model, vocab_size, block_size,
                                                                  table_width=table_width)
-    elif job.retry() is not None:
-        job = jobs[(vocab_size, block_size)] = job.retry()
+    elif (retry := job.retry()) is not None:
+        job = jobs[(vocab_size, block_size)] = retry
     return job
 
 
@@ -100,7 +100,6 @@ class BackgroundCompile:
         self._done = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._warned = False
-        self._retry: Optional["BackgroundCompile"] = None
 
     def start(self) -> "BackgroundCompile":
         if self._thread is None and not self._done.is_set():
@@ -124,10 +123,8 @@ class BackgroundCompile:
         here (Dynamo's FX-tracing flag is process-wide; seen on an H200 beside Hugging Face's compiled generate)."""
         if not (self._warned and self.compiled is None and self.attempt < _ATTEMPTS):
             return None
-        if self._retry is None:
-            self._retry = BackgroundCompile(self.model, self.vocab_size, self.block_size, self.backend, self.disk,
-                                            self.prewarm, self.key, self.table_width, self.attempt + 1)
-        return self._retry
+        return BackgroundCompile(self.model, self.vocab_size, self.block_size, self.backend, self.disk, self.prewarm,
+                                 self.key, self.table_width, self.attempt + 1)
 
     def finished(self) -> bool:
         """Compiled, or failed for good: waiting returns at once."""

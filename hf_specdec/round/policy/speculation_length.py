@@ -124,7 +124,6 @@ class SpeculationLength:
         self._idle_decays = np.array([_IDLE_DECAY] * 6 + [_IDLE_DECAY ** 2])
         self.histogram: Counter = Counter()
         self._spread: Optional[float] = None  # row_spread(), until the stats move
-        self._spread_applies = False  # the last bottleneck_rounds moved unknown rows below the prior
         self.memory.setdefault("zero_streak", 0)
         self.memory.setdefault("probe_every", _FIRST_PROBE)
 
@@ -182,12 +181,13 @@ class SpeculationLength:
             if (bucket, k) not in self.costs:
                 self._stands = 1
                 return k
-        rates = 1.0 / (self.cost_table(bucket) * self.bottleneck_rounds(rows, remaining))
+        costs = self.cost_table(bucket)
+        rates = 1.0 / (costs * self.bottleneck_rounds(rows, remaining))
         best = int(np.argmax(rates))
-        if best == 0 and not _SPREAD_STOPS_DRAFTING and self._spread_applies:
+        if best == 0 and not _SPREAD_STOPS_DRAFTING:
             # The spread below the prior may shorten rounds but not stop drafting: rounds of k = 0 bring no
             # verdicts, so the rows would stay unknown, and as pessimistic, until the next probe.
-            if np.argmax(1.0 / (self.cost_table(bucket) * self.bottleneck_rounds(rows, remaining, False))) > 0:
+            if np.argmax(1.0 / (costs * self.bottleneck_rounds(rows, remaining, spread=False))) > 0:
                 best = 1 + int(np.argmax(rates[1:]))
         mem = self.memory
         if best > 0:
@@ -210,17 +210,15 @@ class SpeculationLength:
 
     def bottleneck_rounds(self, rows: list[int], remaining: list[int], spread: bool = True) -> np.ndarray:
         """For k = 0..k_max: rounds the slowest row still needs, ``max_rows remaining / E_row(k)``; ``spread``:
-        rows not yet known count as the slowest of rows that differ (``_spread_applies`` says if it moved any)."""
+        rows not yet known count as the slowest of rows that differ."""
         left = np.maximum(np.asarray(remaining, dtype=np.float64), 1.0)[:, None]
         index = self._rows(rows)  # first: it may grow the stats
         st = self.stats[index]
         m, a = self._matches(st)[:, None], self._rates(st)
         unknown = st[:, 4] + st[:, 5] < _SPREAD_MIN_DRAFTS  # rows whose own rate is not known yet
         n_unknown = int(unknown.sum())
-        self._spread_applies = False
         if spread and n_unknown > 1:  # the slowest of them, z_m spreads below the prior (row_spread.py)
             tau2 = self.row_spread()  # only here: most of a call's decisions know every row's rate
-            self._spread_applies = tau2 > 0.0
             if tau2 > 0.0:
                 slowest = slowest_quantile(n_unknown) * np.sqrt(tau2)
                 a = np.where(unknown, np.maximum(a - slowest, 1e-3), a)
