@@ -170,3 +170,14 @@ def test_delegation_without_paged_batch_uses_original_implementation():
         torch.testing.assert_close(got, ref)
         assert model.config._attn_implementation == "eager"
         assert torch.equal(model(input_ids=ids).logits, want)
+
+
+def test_the_history_width_of_graphed_calls_starts_wide_enough_that_prompt_lengths_rarely_change_it():
+    """A new width is a new runner key, whose graphs are all captured again: with graphs, calls of 444 and 518
+    columns (prompts of 183 and 257 tokens, 256 new ones) share one width; it grows in powers of two, never shrinks,
+    and stays tight without graphs."""
+    from hf_specdec.runner.runner_slots import MIN_GRAPH_WIDTH, history_width
+
+    assert history_width(444, True) == history_width(518, True) == MIN_GRAPH_WIDTH == 1024
+    assert history_width(1100, True) == 2048 and history_width(444, True, previous=2048) == 2048
+    assert history_width(444, False) == 512 and history_width(518, False) == 1024 and history_width(30, False) == 64

@@ -89,6 +89,22 @@ def test_sampler_constexprs_independent_of_batch_and_k(config, target):
         assert {path for _, path in launches} == {"split"}
 
 
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_drafts_catch_up_window_runs_the_attention_its_first_step_compiled(config, target):
+    """After rounds of k = 0 the draft model reads what it missed in windows of CATCH_UP tokens a row; its first
+    step of every round reads 2. Both must be one launch (constexprs and grid class) at every batch size: else
+    the first catch-up of a process JIT-compiles another attention kernel in the middle of a call (1.1 s at
+    b = 32 on an H200 with windows of 16)."""
+    from hf_specdec.runner.spec_runner import CATCH_UP
+
+    H, KVH, D, _ = CONFIGS[config]
+    for B in BATCHES:
+        window, first_step = (pa._attention_launch(B, q, H, KVH, D, MAX_CONTEXT, target, torch.bfloat16, None, None)
+                              for q in (CATCH_UP, 2))
+        assert window[2] == first_step[2] and window[1][1] == 1, (B, window, first_step)
+
+
 def test_block_k_covers_k_up_to_7_then_grows():
     assert {common._sampler_launch(1, 32000, k, 8)[2]["BLOCK_K"] for k in range(8)} == {8}
     assert common._sampler_launch(1, 32000, 8, 8)[2]["BLOCK_K"] == 16

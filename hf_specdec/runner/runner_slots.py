@@ -105,6 +105,19 @@ def _address(t: torch.Tensor) -> int:
         return id(t)
 
 
+# With graphs, the token history's least width (columns): a wider history is a new key, whose graphs are all captured
+# again (2 s at b = 32 on an H200, when a job's prompts of 150-300 tokens and 256 new ones crossed 512 columns in its
+# second call). To the kernels the width is only a stride; 1024 columns hold 8 KiB a row.
+MIN_GRAPH_WIDTH = 1024
+
+
+def history_width(columns: int, graphs: bool, previous: int = 0) -> int:
+    """The width of the buckets' token history for a call of ``columns`` (prompt, new tokens, drafts): it only
+    grows, in powers of two, from ``MIN_GRAPH_WIDTH`` with graphs (without them nothing is captured again: it stays
+    as tight as the calls)."""
+    return max(capacity(max(columns, MIN_GRAPH_WIDTH if graphs else 0), 64), previous)
+
+
 def capacity(n: int, quantum: int) -> int:
     """Round ``n`` up to a power-of-two multiple of ``quantum``: capacities grow rarely."""
     c = quantum

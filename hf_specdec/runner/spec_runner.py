@@ -31,9 +31,12 @@ from .fused_projections import shared_projections
 from .graphs import StageGraph
 from .paged_model import PagedModel, feature_layout
 from .prefill import FixedPrefill, eager_prefill
-from .runner_slots import RunnerKey, RunnerSlots, capacity, models_signature
+from .runner_slots import RunnerKey, RunnerSlots, capacity, history_width, models_signature
 
-CATCH_UP = 16  # tokens per row the draft model reads in one window after rounds of k = 0
+# Tokens per row the draft model reads in one window after rounds of k = 0: at most the attention's verify tile
+# (kernels QUERY_TILE), whose kernel the draft's first step of a round compiled already (16 compiled one more: 1.1 s
+# of a b = 32 first call on an H200); a longer catch-up replays the window's graph more often.
+CATCH_UP = 8
 
 
 class SpecRunner:
@@ -65,8 +68,7 @@ class SpecRunner:
         ``cache_blocks``: the user's budget per cache (None: what the call needs, rounded up).
         ``fixed_prefill``: prompts read in fixed shapes (prefill.py; only where every model runs on the
         inputs' device), else eagerly and unpadded."""
-        self.spec, self.batch, self.warmup_seconds = spec, batch, 0.0
-        self.draft_deferred = False
+        self.spec, self.batch, self.warmup_seconds, self.draft_deferred = spec, batch, 0.0, False
         k = spec.k
         budgets = [batch.real_len(b) + batch.max_new_tokens + k + 1 for b in range(batch.size)]
         scratch_tokens = k + 2  # padding rows write positions 0..k+1
@@ -93,7 +95,7 @@ class SpecRunner:
         compiled = compile and self._compiled_ready(models, vocab, block_size, table_width, compile_wait)
         key = RunnerKey(k, spec.do_sample, spec.acceptance, spec.method, spec.ngram_sizes, logits_signature,
                         spec.generator, graphs, compiled, block_size, pool_blocks,
-                        max(capacity(batch.tokens.shape[1], 64), self.key.width if self.key else 0), table_width,
+                        history_width(batch.tokens.shape[1], graphs, self.key.width if self.key else 0), table_width,
                         vocab, eos_width(eos_ids), models_signature(models.values()))
         if key != self.key:
             if self.key is not None and (key.block_size, key.pool_blocks, key.models) != (
@@ -362,7 +364,6 @@ class SpecRunner:
                 key.vocab if key.do_sample and self.spec.draft_model is not None else None, key.eos_width,
                 self.batch.device, feature_layout(self.target) if self.head else None)
         return s
-
 
     def _clear_padding(self, s: BucketState, live: int) -> None:
         scratch = {name: pm.cache.block_tables[0, : self.key.table_width].to(s.hist.device)  # a draft on another GPU
