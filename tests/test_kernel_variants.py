@@ -139,8 +139,8 @@ def _cache_key(kernel, bound):
             key.append((name, width, spec))
         elif isinstance(value, float):
             key.append((name, "fp32"))
-        else:
-            key.append((name, value.dtype))
+        else:  # Triton also keys pointers on 16-byte alignment (a view at an odd offset compiles anew)
+            key.append((name, value.dtype, value.data_ptr() % 16 == 0))
     return tuple(key)
 
 
@@ -206,3 +206,35 @@ def test_launchers_compile_one_variant_per_kernel(monkeypatch, target):
     else:
         assert seen["_rejection_sample_kernel"] == {"greedy", "sampled"}
         assert seen["_typical_accept_kernel"] == {"typical"}
+
+
+@pytest.mark.parametrize("acceptance", ["greedy", "rejection", "typical"])
+def test_a_rounds_acceptance_compiles_one_sampler_variant_at_every_bucket(monkeypatch, acceptance):
+    """The verify's own ``accept`` (round/fixed_round.py) with the arguments a round passes: its drafts are a view
+    of the verify's input ids, which at one row is contiguous at an offset of one token. Triton keys pointers on
+    16-byte alignment, and a b = 32 call of the pair on an H200 compiled the greedy split kernel a second time
+    when its last row ran alone (0.67 s)."""
+    from types import SimpleNamespace
+
+    import importlib
+
+    from hf_specdec.kernels import ops
+    from hf_specdec.round.fixed_round import accept
+
+    monkeypatch.setattr(ops, "_impl", lambda tensor, module, name, reference: getattr(  # the CUDA route, on CPU
+        importlib.import_module(f"hf_specdec.kernels.{module}"), name))
+    logs, mode = {}, [acceptance]
+    for mod, names in KERNELS.items():
+        monkeypatch.setattr(mod, "_num_programs_target", lambda device: 2 * 132)
+        for name in names:
+            monkeypatch.setattr(mod, name, _Spy(getattr(mod, name), logs, mode))
+    V, k = 16384, 4
+    spec = SimpleNamespace(acceptance=acceptance, generator=None, posterior_threshold=0.09, posterior_alpha=0.3)
+    for B in (32, 24, 16, 8, 4, 2, 1):
+        input_ids = torch.zeros(B * (k + 1), dtype=torch.long)  # as the verify gathers them from the history
+        s = SimpleNamespace(size=B, hist=torch.zeros(B, 8, dtype=torch.long),
+                            draft_probs=torch.full((B, k, V), 1.0 / V) if acceptance == "rejection" else None)
+        accept(s, torch.zeros(B * (k + 1), V), spec, k, input_ids.view(B, k + 1)[:, 1:])
+    assert logs, "no sampler kernel was launched"
+    for (mode_, kernel), keys in logs.items():
+        assert len(set(keys)) == 1, (mode_, kernel, [k_ for k_ in set(keys)])

@@ -168,6 +168,14 @@ def _sampler_launch(batch: int, vocab_size: int, max_spec_len: int, programs_tar
     return 1, 0, dict(BLOCK_B=block_b, BLOCK_V=block_v, BLOCK_K=block_k, num_warps=num_warps)
 
 
+def aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous and 16-byte aligned (copied where it is not). Triton keys a compiled kernel on each pointer's
+    alignment: a round's drafts at one row are a view one token into the verify's ids, and a b = 32 call that ended
+    on one row compiled the sampler again in its middle (0.67 s on an H200)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
 def _new_outputs(batch: int, max_spec_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The samplers' outputs, uninitialised: every element is written by the kernel."""
     return (torch.empty(batch, max_spec_len + 1, dtype=torch.int64, device=device),

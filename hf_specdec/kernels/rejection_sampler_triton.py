@@ -52,6 +52,7 @@ import triton.language as tl
 from .acceptance_common_triton import (  # noqa: F401 (LAUNCH_OVERRIDE, SPLIT_BLOCK_V: kernel_bench, tests)
     LAUNCH_OVERRIDE,
     SPLIT_BLOCK_V,
+    aligned,
     _first_argmax,
     _new_outputs,
     _num_programs_target,
@@ -175,15 +176,16 @@ def rejection_sample_triton(
     out, num_accepted = _new_outputs(B, K, device)
     if B == 0:
         return out, num_accepted
-    target_probs = target_probs.contiguous()
-    exponential_samples = exponential_samples.to(torch.float32).contiguous()
-    uniform_samples = uniform_samples.to(torch.float64).contiguous()
-    draft_token_ids = draft_token_ids.contiguous()
+    target_probs, is_greedy = aligned(target_probs), aligned(is_greedy)
+    cu_num_draft_tokens = aligned(cu_num_draft_tokens)
+    exponential_samples = aligned(exponential_samples.to(torch.float32))
+    uniform_samples = aligned(uniform_samples.to(torch.float64))
+    draft_token_ids = aligned(draft_token_ids)
     if draft_token_ids.numel() == 0:  # keep the pointers valid; never read
         draft_token_ids = torch.zeros(1, dtype=torch.int64, device=device)
         uniform_samples = torch.zeros(1, dtype=torch.float64, device=device)
     has_q = draft_probs is not None  # as the reference: None is a one-hot q (also when k = 0: one variant)
-    q = draft_probs.contiguous() if has_q and draft_probs.numel() > 0 else target_probs  # no drafts: never read
+    q = aligned(draft_probs) if has_q and draft_probs.numel() > 0 else target_probs  # no drafts: never read
     splits, slice_len, constexprs = _rejection_launch(B, V, K, has_q, _num_programs_target(device))
     if splits > 1:  # small batch, large vocabulary: each sequence's vocabulary over several programs
         part_val = torch.empty(B, splits, K + 1, dtype=torch.float32, device=device)
@@ -191,8 +193,8 @@ def rejection_sample_triton(
         part_res = torch.empty(B, splits, dtype=torch.float32, device=device)
         tickets = torch.zeros(B, dtype=torch.int32, device=device)
         _rejection_sample_split_kernel[(B, splits)](
-            out, num_accepted, cu_num_draft_tokens.contiguous(), draft_token_ids, q, target_probs,
-            is_greedy.contiguous(), uniform_samples, exponential_samples,
+            out, num_accepted, cu_num_draft_tokens, draft_token_ids, q, target_probs,
+            is_greedy, uniform_samples, exponential_samples,
             part_val, part_idx, part_res, tickets,
             V, K, slice_len,
             out.stride(0), q.stride(0), target_probs.stride(0), exponential_samples.stride(0),
@@ -200,8 +202,8 @@ def rejection_sample_triton(
         )
         return out, num_accepted
     _rejection_sample_kernel[(triton.cdiv(B, constexprs["BLOCK_B"]),)](
-        out, num_accepted, cu_num_draft_tokens.contiguous(), draft_token_ids, q, target_probs,
-        is_greedy.contiguous(), uniform_samples, exponential_samples,
+        out, num_accepted, cu_num_draft_tokens, draft_token_ids, q, target_probs,
+        is_greedy, uniform_samples, exponential_samples,
         B, V, K, out.stride(0), q.stride(0), target_probs.stride(0), exponential_samples.stride(0),
         **constexprs,
     )

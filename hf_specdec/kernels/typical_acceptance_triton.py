@@ -41,6 +41,7 @@ from .acceptance_common_triton import (
     _sequence_rows,
     _store_outputs,
     _store_sequence_outputs,
+    aligned,
 )
 from .vocab_split_triton import _slice_race
 
@@ -204,9 +205,9 @@ def typical_accept_triton(
     out, num_accepted = _new_outputs(B, K, device)
     if B == 0:
         return out, num_accepted
-    target_probs = target_probs.contiguous()
-    exponential_samples = exponential_samples.to(torch.float32).contiguous()
-    draft_token_ids = draft_token_ids.contiguous()
+    target_probs, cu_num_draft_tokens = aligned(target_probs), aligned(cu_num_draft_tokens)
+    exponential_samples = aligned(exponential_samples.to(torch.float32))
+    draft_token_ids = aligned(draft_token_ids)
     if draft_token_ids.numel() == 0:  # keep the pointer valid; never read
         draft_token_ids = torch.zeros(1, dtype=torch.int64, device=device)
     splits, slice_len, constexprs = _typical_launch(B, V, K, _num_programs_target(device))
@@ -216,7 +217,7 @@ def typical_accept_triton(
         part_ent = torch.empty(B, splits, K + 1, dtype=torch.float32, device=device)
         tickets = torch.zeros(B, dtype=torch.int32, device=device)
         _typical_accept_split_kernel[(B, splits)](
-            out, num_accepted, cu_num_draft_tokens.contiguous(), draft_token_ids, target_probs, exponential_samples,
+            out, num_accepted, cu_num_draft_tokens, draft_token_ids, target_probs, exponential_samples,
             part_val, part_idx, part_ent, tickets,
             V, K, slice_len, float(posterior_threshold), float(posterior_alpha),
             out.stride(0), target_probs.stride(0), exponential_samples.stride(0),
@@ -224,7 +225,7 @@ def typical_accept_triton(
         )
         return out, num_accepted
     _typical_accept_kernel[(triton.cdiv(B, constexprs["BLOCK_B"]),)](
-        out, num_accepted, cu_num_draft_tokens.contiguous(), draft_token_ids, target_probs, exponential_samples,
+        out, num_accepted, cu_num_draft_tokens, draft_token_ids, target_probs, exponential_samples,
         B, V, K, float(posterior_threshold), float(posterior_alpha),
         out.stride(0), target_probs.stride(0), exponential_samples.stride(0),
         **constexprs,
