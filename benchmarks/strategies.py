@@ -31,7 +31,9 @@ Output: JSON (every row with spec_metrics: k histogram, match fraction) and a PN
 with the adaptive rows marked.
 
 GPU:  PYTHONPATH=. python benchmarks/strategies.py --target runs/pair/target --draft runs/pair/draft \\
-          --prompts .devshim/he/HumanEval.jsonl.gz --out $OUT/strategies.json
+          --prompts .devshim/he/HumanEval.jsonl.gz --compile-wait --out $OUT/strategies.json
+      (without --compile-wait the passes may time the first minute, while the models compile in the background:
+      slower rounds, and Hugging Face's compiled row can fail beside that compilation, docs/evals.md §2b)
 CPU smoke: python benchmarks/strategies.py --target runs/tiny_pair/target --draft runs/tiny_pair/draft \\
           --batch-sizes 1,2 --num-prompts 2 --max-new-tokens 12 --k-max 3 --out /tmp/s.json
 """
@@ -69,6 +71,9 @@ def parse_args(argv=None):
     p.add_argument("--ngram-k", type=int, default=8)
     p.add_argument("--sections", default="code,edit")
     p.add_argument("--no-compile", action="store_true", help="our runner without torch.compile")
+    p.add_argument("--compile-wait", action="store_true",
+                   help="our rows with SpecConfig(compile=True): the first call (a warm-up) waits for the compiled "
+                        "models, so no timed pass runs beside the background compilation")
     p.add_argument("--passes", type=int, default=3,
                    help="timed passes; each pass times every row of a group in turn; the fastest is reported")
     p.add_argument("--adaptive-set", action="append", default=[], metavar="NAME=VALUE",
@@ -226,7 +231,7 @@ def run(args, r: Runner, sets):
         return GenerationMixin.generate(r.target, input_ids=x[0], attention_mask=x[1], **r.kw(), **kw)
 
     def ours(x, draft=None, **spec):
-        base = dict(compile=False if args.no_compile else None)
+        base = dict(compile=False if args.no_compile else True if args.compile_wait else None)
         return r.target.generate(input_ids=x[0], attention_mask=x[1], assistant_model=draft, **r.kw(),
                                  spec_config=hf_specdec.SpecConfig(**base, **spec))
 
