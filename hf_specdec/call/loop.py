@@ -14,7 +14,8 @@
                (device copies enqueued before the next round); a streamer gets them (the host
                reads the tokens: no round ahead then, as with criteria)
     shrink     finished rows go back to the call's buffer; waiting rows join in the blocks
-               they freed, or the survivors move to a smaller bucket when they fit one
+               they freed, or the survivors move to a smaller bucket when they fit one and
+               it pays (with graphs: once captured, or its capture paid for; bucket_moves.py)
 """
 from __future__ import annotations
 
@@ -28,9 +29,10 @@ from transformers.generation.stopping_criteria import StoppingCriteriaList
 from ..round.fixed_round import RoundSpec
 from ..round.logits.history_groups import stop_hits
 from ..round.policy.speculation_length import SpeculationLength
-from ..runner import RowAtSync, SpecRunner, bucket_for
+from ..runner import RowAtSync, SpecRunner
 from .admission import Admission
 from .batch_state import SequenceBatch
+from .bucket_moves import BucketMoves
 from .committer import Committer
 from .metrics import SpecMetrics, StageTimer
 from .timeline import span
@@ -72,6 +74,7 @@ class CallLoop:
         self.priced: set[int] = set()  # buckets whose graphs the adaptive policy has timed
         self.capture_every_k = capture_every_k  # SpecConfig.capture_every_k
         self.verdicts: Optional[tuple] = None  # the last round's, for the policy once the next one is launched
+        self.moves = BucketMoves(runner)  # whether the rows left move to a smaller bucket (bucket_moves.py)
 
     def run(self) -> None:
         if self.policy.expects_no_drafts:
@@ -107,10 +110,13 @@ class CallLoop:
                 if self.verdicts is not None:
                     self.policy.observe(*self.verdicts)  # the call's last (its acceptance: the next call's prior)
                 break
-            if bucket_for(len(still)) < self.runner.state.size:
+            move = self.moves.target(len(still))
+            if move is not None:
                 with span("shrink"):  # non_blocking: the copy waits for the stream (the round started ahead)
-                    self.runner.shrink(torch.tensor(still).to(self.batch.device, non_blocking=True))
+                    self.runner.shrink(torch.tensor(still).to(self.batch.device, non_blocking=True), move)
                 self.rows = [self.rows[i] for i in still]
+            elif clean:
+                self.moves.credit(len(still), seconds)
         self.metrics.record_totals(**self.runner.statistics())
         self.metrics.k_histogram = dict(sorted(self.policy.histogram.items()))
 
@@ -130,7 +136,7 @@ class CallLoop:
         running = [(r, row) for r, row in live if not row.done]
         if not running or self.host_reads or self.admission.waiting:
             return None
-        if self.committer.keeps_outputs and bucket_for(len(running)) < self.runner.state.size:
+        if self.committer.keeps_outputs and self.moves.target(len(running)) is not None:
             return None  # the survivors move to a smaller bucket: the round's outputs must be read in this one
         return self._launch([r for r, _ in running], [self.batch.max_new_tokens - row.generated for _, row in running])
 

@@ -53,6 +53,16 @@ class RunnerKey:
 class Slot:
     states: dict = field(default_factory=dict)  # bucket rows -> BucketState
     graphs: dict = field(default_factory=dict)  # (stage, bucket rows, k) -> StageGraph
+    move_credit: dict = field(default_factory=dict)  # bucket rows -> seconds toward its captures (call/bucket_moves.py)
+
+    def has_graphs(self, bucket: int) -> bool:
+        """Some round of ``bucket`` rows was captured under this key."""
+        return any(key[1] == bucket for key in self.graphs)
+
+    def mean_capture_seconds(self) -> Optional[float]:
+        """The mean capture time of this key's graphs (a first capture's JIT compiles included), None before any."""
+        times = [graph.capture_seconds for graph in self.graphs.values()]
+        return sum(times) / len(times) if times else None
 
 
 class RunnerSlots:

@@ -31,7 +31,7 @@ from .fused_projections import shared_projections
 from .graphs import StageGraph
 from .paged_model import PagedModel, feature_layout
 from .prefill import FixedPrefill, eager_prefill
-from .runner_slots import RunnerKey, RunnerSlots, capacity, history_width, models_signature
+from .runner_slots import RunnerKey, RunnerSlots, Slot, capacity, history_width, models_signature
 
 # Tokens per row the draft model reads in one window after rounds of k = 0: at most the attention's verify tile
 # (kernels QUERY_TILE), whose kernel the draft's first step of a round compiled already (16 compiled one more: 1.1 s
@@ -47,6 +47,7 @@ class SpecRunner:
         self.slots = RunnerSlots()  # per key: bucket states and graphs (runner_slots.py)
         self.states: dict[int, BucketState] = {}  # the current key's
         self.graphs: dict[tuple[str, int, int], StageGraph] = {}
+        self.slot: Optional[Slot] = None  # the current key's (its states and graphs are the two dicts above)
         self.prefills = FixedPrefill()  # fixed-shape prefill buffers and graphs (prefill.py)
         self.fixed_prefill = True
         self.compiling: dict[str, BackgroundCompile] = {}  # per model: its compiled code, made off the call's path
@@ -108,7 +109,7 @@ class SpecRunner:
                 if cache.num_blocks != pool_blocks:
                     cache.resize(pool_blocks)
             slot = self.slots.slot(key)  # a key seen before: its states and graphs replay
-            self.states, self.graphs = slot.states, slot.graphs
+            self.slot, self.states, self.graphs = slot, slot.states, slot.graphs
             self.policy_memory = self.slots.policy_memory(key)
             self.key = key
         for name, model in models.items():
@@ -335,9 +336,9 @@ class SpecRunner:
         s.keep.index_copy_(0, index, kept)  # what a draft head re-reads next (length - keep - 1 >= 0)
         s.done.index_fill_(0, index, True)
 
-    def shrink(self, live: torch.Tensor) -> None:
-        """Move the ``live`` rows (device indices) of the current bucket into a smaller one."""
-        s = self._state(bucket_for(live.shape[0]))
+    def shrink(self, live: torch.Tensor, bucket: Optional[int] = None) -> None:
+        """Move the ``live`` rows (device indices) of the current bucket into a smaller one (default: the smallest)."""
+        s = self._state(bucket or bucket_for(live.shape[0]))
         s.load_rows(self.state, live)
         self._clear_padding(s, live.shape[0])
         self.state = s
