@@ -64,7 +64,8 @@ def speculative_generate(
     try:
         with paged_attention_enabled(*((model,) if call.draft is None else (model, call.draft))):
             run_fast(call.runner, call.batch, call.spec, call.committer, call.request.eos_token_ids, call.metrics,
-                     call.timer, call.admission, call.policy, spec_config.capture_every_k)
+                     call.timer, call.admission, call.policy, spec_config.capture_every_k,
+                     lockstep=call.group is not None)
         with span("finish"):
             call.policy.end_call(call.metrics)
             call.metrics.warmup_seconds = call.runner.warmup_seconds

@@ -51,3 +51,9 @@ def test_a_captured_bucket_gets_no_credit_and_the_credit_is_the_keys():
     assert runner.slot.move_credit == {}
     BucketMoves(runner).credit(3, 1.0)  # 4 has no graphs: credited, and kept by the key's slot for later calls
     assert runner.slot.move_credit == {4: SAVING}
+
+
+def test_ranks_of_a_tensor_parallel_call_move_at_once():
+    """Credit follows each rank's own timings; ranks that moved at different rounds would run different graphs."""
+    moves = BucketMoves(_runner(captured=(32,)), lockstep=True)
+    assert moves.target(5) == 8 and moves.target(30) is None

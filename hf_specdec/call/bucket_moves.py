@@ -7,7 +7,8 @@ rounds (0.02-0.08 s a graph, a few per bucket), and below the attention's wide-g
 kernels: the tail of a first b = 32 call stepped down through buckets 24, 16, 8, ... 1 in 3.8-5.9 s of captures
 (three fresh processes) for a few milliseconds saved. So:
 
-- without graphs, or into a bucket whose graphs exist: move (the smallest such bucket that holds the rows);
+- without graphs, or in a tensor-parallel call (its ranks must move together): move to the smallest bucket;
+- into a bucket whose graphs exist: move (the smallest such bucket that holds the rows);
 - else each round run while the rows would fit the smallest bucket credits that bucket with ``SAVING`` of the
   round's time, across the calls of one runner key; once the credit pays for ``GRAPHS`` captures at the key's mean
   capture time, the rows move there and it is captured (ski rental: a key that keeps meeting such tails gets them).
@@ -24,8 +25,10 @@ DEFAULT_CAPTURE_S = 0.1  # a capture's cost before this key has captured anythin
 
 
 class BucketMoves:
-    def __init__(self, runner: SpecRunner):
-        self.runner = runner
+    def __init__(self, runner: SpecRunner, lockstep: bool = False):
+        """``lockstep``: ranks of a tensor-parallel call, which must move together; the credit follows each one's
+        own timings, so they move at once, as without graphs."""
+        self.runner, self.lockstep = runner, lockstep
 
     def target(self, rows: int) -> Optional[int]:
         """The bucket the ``rows`` still running move to now, or None: they stay in the current one."""
@@ -33,7 +36,7 @@ class BucketMoves:
         smallest = bucket_for(rows)
         if smallest >= current:
             return None
-        if not runner.graphed or runner.slot.move_credit.get(smallest, 0.0) >= self._capture_cost():
+        if not runner.graphed or self.lockstep or runner.slot.move_credit.get(smallest, 0.0) >= self._capture_cost():
             return smallest
         captured = [b for b in _buckets_between(smallest, current) if runner.slot.has_graphs(b)]
         return captured[0] if captured else None

@@ -53,9 +53,9 @@ class LaunchedRound:
 
 def run_fast(runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, committer: Committer, eos_ids: list[int],
              metrics: SpecMetrics, timer: StageTimer, admission: Admission, policy: SpeculationLength,
-             capture_every_k: bool = False) -> None:
+             capture_every_k: bool = False, lockstep: bool = False) -> None:
     CallLoop(runner, batch, spec, FastRows(runner, batch, admission, spec, committer, timer),
-             committer, eos_ids, metrics, admission, policy, capture_every_k).run()
+             committer, eos_ids, metrics, admission, policy, capture_every_k, lockstep).run()
 
 
 class CallLoop:
@@ -63,7 +63,7 @@ class CallLoop:
 
     def __init__(self, runner: SpecRunner, batch: SequenceBatch, spec: RoundSpec, waves: FastRows,
                  committer: Committer, eos_ids: list[int], metrics: SpecMetrics, admission: Admission,
-                 policy: SpeculationLength, capture_every_k: bool = False):
+                 policy: SpeculationLength, capture_every_k: bool = False, lockstep: bool = False):
         self.runner, self.batch, self.spec, self.waves, self.committer = runner, batch, spec, waves, committer
         self.criteria = committer.criteria
         # host work on each sync's tokens (criteria, a streamer): no round may start before it is done
@@ -74,7 +74,7 @@ class CallLoop:
         self.priced: set[int] = set()  # buckets whose graphs the adaptive policy has timed
         self.capture_every_k = capture_every_k  # SpecConfig.capture_every_k
         self.verdicts: Optional[tuple] = None  # the last round's, for the policy once the next one is launched
-        self.moves = BucketMoves(runner)  # whether the rows left move to a smaller bucket (bucket_moves.py)
+        self.moves = BucketMoves(runner, lockstep)  # whether the rows left move to a smaller bucket (bucket_moves.py)
 
     def run(self) -> None:
         if self.policy.expects_no_drafts:
