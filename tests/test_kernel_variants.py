@@ -238,3 +238,33 @@ def test_a_rounds_acceptance_compiles_one_sampler_variant_at_every_bucket(monkey
     assert logs, "no sampler kernel was launched"
     for (mode_, kernel), keys in logs.items():
         assert len(set(keys)) == 1, (mode_, kernel, [k_ for k_ in set(keys)])
+
+
+@pytest.mark.parametrize("drafter", ["draft model", "draft head"])
+def test_a_calls_step_metadata_gets_aligned_pointers_at_one_row(monkeypatch, drafter):
+    """Every forward's paged metadata (one Triton kernel) through real calls at 3 rows and at one: its tensors keep
+    one dtype and 16-byte alignment, the way Triton keys the kernel. At one row a draft step's positions and lengths
+    were row j of a (k, 1) table, 8j bytes in: two more compiles of the kernel in a b = 1 call (H200)."""
+    import importlib
+
+    import hf_specdec
+    from hf_specdec.kernels import ops
+    from models import left_padded_prompts, make_draft, make_model
+
+    keys, launcher = set(), importlib.import_module("hf_specdec.kernels.step_metadata_triton").step_metadata_triton
+
+    def recorded(tables, positions, seq_lens, q, block_size):
+        keys.add(tuple((t.dtype, t.data_ptr() % 16 == 0, t.is_contiguous()) for t in (tables, positions, seq_lens)))
+        return launcher(tables, positions, seq_lens, q, block_size)
+
+    real = ops._impl
+    monkeypatch.setattr(ops, "_impl", lambda tensor, module, name, reference: recorded if module ==
+                        "step_metadata_triton" else real(tensor, module, name, reference))
+    target = hf_specdec.enable(make_model("llama", seed=5))
+    draft = make_draft(target, "mix") if drafter == "draft model" else hf_specdec.DraftHead.for_target(target)
+    ids, mask = left_padded_prompts(3, seed=2)
+    for rows in (3, 1):
+        target.generate(input_ids=ids[:rows], attention_mask=mask[:rows], do_sample=False, max_new_tokens=10,
+                        assistant_model=draft, spec_config=hf_specdec.SpecConfig(num_speculative_tokens=4,
+                                                                                adaptive=False))
+    assert len(keys) == 1 and all(aligned for key in keys for _, aligned, _ in key), keys

@@ -67,12 +67,13 @@ class DraftModelProposer:
         end = s.pads + s.length  # history column of the first draft
         positions = ((s.length - 2)[:, None] + steps[:2]).view(-1)
         input_ids = s.hist.gather(1, (end - 2)[:, None] + steps[:2]).view(-1)
-        lens, columns = s.length + steps[:, None], end + steps[:, None]  # (k, B): step j's lengths, draft column
+        lens, columns = _two_wide_at_one_row(s.length) + steps[:, None], end + steps[:, None]  # (k, B): step j's
+        # lengths (row j passed as a model's positions and lengths), draft columns
         s.counts.fill_(k)
         for j in range(k):
-            logits = draft.forward(input_ids, positions, s.draft_tables, lens[j], 2 if j == 0 else 1, True)
+            logits = draft.forward(input_ids, positions, s.draft_tables, lens[j, :B], 2 if j == 0 else 1, True)
             tokens = draft_token(s, spec, logits, rows, columns[j], j)
-            input_ids, positions = tokens, lens[j]
+            input_ids, positions = tokens, lens[j, :B]
 
     @staticmethod
     def catch_up(s: BucketState, draft: PagedModel, width: int, compiled: bool) -> None:
@@ -91,6 +92,13 @@ class DraftModelProposer:
         seq_lens = torch.where(s.done, width, start + width)
         draft.forward(input_ids, positions.reshape(-1), s.draft_tables, seq_lens, width, True, eager=not compiled)
         s.behind.sub_(width).clamp_(min=0)
+
+
+def _two_wide_at_one_row(length: torch.Tensor) -> torch.Tensor:
+    """``length`` (B,), seen twice wide when B = 1 (a view: no kernel), for tables whose row j is passed to the model
+    (``[j, :B]``): Triton keys its kernels on each pointer's 16-byte alignment, and row j of a (k, 1) int64 table
+    starts at 8j bytes (at one row the step metadata's kernel compiled twice more)."""
+    return length.expand(2) if length.shape[0] == 1 else length
 
 
 class HeadProposer:
@@ -120,12 +128,12 @@ class HeadProposer:
         if not k:
             return
         g = g[pick]
-        at = s.length + torch.arange(-1, k, device=device)[:, None]  # (k+1, B): row j, position length-1+j
-        columns = s.pads + at  # row j+1: draft j's history column
+        at = _two_wide_at_one_row(s.length) + torch.arange(-1, k, device=device)[:, None]  # (k+1, B): length-1+j
+        columns = s.pads + at[:, :B]  # row j+1: draft j's history column
         for j in range(k):
             tokens = draft_token(s, spec, logits, rows, columns[j + 1], j)
             if j + 1 < k:  # step j+2 reads draft j at position length-1+j
-                logits, g = head.forward(tokens, at[j], s.draft_tables, at[j + 1], 1, True, features=g)
+                logits, g = head.forward(tokens, at[j, :B], s.draft_tables, at[j + 1, :B], 1, True, features=g)
 
 
 class NgramProposer:
