@@ -5,7 +5,9 @@ tokens) with SpecConfig() (or k = 0), every graph capture, Triton JIT compile, d
 cold_start.py times the job as a user meets it; this says what its warm-up is made of. Each event is printed as
 ``seconds since the job began  what  its seconds``; a capture names its stage, bucket and k and the time it waited
 for the background compilation's lock; a JIT compile names the kernel and its signature. Empty compile caches
-(a new scratch directory for Inductor, Triton, hf_specdec and CUDA), as in cold_start.py's cold processes.
+(a new scratch directory for Inductor, Triton, hf_specdec and CUDA), as in cold_start.py's cold processes. It wraps
+internals of the runner, its graphs and Triton's JIT to time them: a measurement tool, to be kept in step with them
+(its CPU test runs the hooks).
 
     python benchmarks/warmup_timeline.py --pair runs/pair --prompts HumanEval.jsonl.gz --batch 32 --num-prompts 128
     python benchmarks/warmup_timeline.py --pair runs/tiny_pair --batch 2 --num-prompts 4 --max-new-tokens 8  # CPU
