@@ -268,3 +268,54 @@ def test_a_calls_step_metadata_gets_aligned_pointers_at_one_row(monkeypatch, dra
                         assistant_model=draft, spec_config=hf_specdec.SpecConfig(num_speculative_tokens=4,
                                                                                 adaptive=False))
     assert len(keys) == 1 and all(aligned for key in keys for _, aligned, _ in key), keys
+
+
+def test_every_triton_launch_of_real_calls_gets_aligned_pointers(monkeypatch):
+    """Calls at 3 rows (finishing at different times) and at one, greedy and sampled, with a draft model, a draft head
+    and prompt lookup, every op on its Triton kernel (interpreted): no launch gets a tensor off 16-byte alignment,
+    which Triton would key a kernel of its own on (a JIT compile in the middle of a user's call)."""
+    import importlib
+
+    import hf_specdec
+    from hf_specdec.kernels import ops
+    from models import left_padded_prompts, make_draft, make_model
+
+    misaligned = {}
+
+    class Aligned:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                bound = dict(zip(inspect.signature(self.kernel.fn).parameters, args), **kwargs)
+                for name, value in bound.items():
+                    if isinstance(value, torch.Tensor) and value.data_ptr() % 16:
+                        misaligned.setdefault(self.kernel.fn.__name__, set()).add(name)
+                return self.kernel[grid](*args, **kwargs)
+            return launch
+
+    for module, names in {"paged_attention_triton": ("_paged_attention_kernel", "_combine_kv_splits_kernel",
+                                                     "_write_kv_kernel"),
+                          "rejection_sampler_triton": ("_rejection_sample_kernel", "_rejection_sample_split_kernel"),
+                          "commit_triton": ("_commit_kernel",), "step_metadata_triton": ("_step_metadata_kernel",),
+                          "ngram_lookup_triton": ("_ngram_drafts_kernel",)}.items():
+        mod = importlib.import_module(f"hf_specdec.kernels.{module}")
+        for name in names:
+            monkeypatch.setattr(mod, name, Aligned(getattr(mod, name)))
+    monkeypatch.setattr(ops, "_impl", lambda tensor, module, name, reference: getattr(
+        importlib.import_module(f"hf_specdec.kernels.{module}"), name))
+    target = hf_specdec.enable(make_model("llama", seed=5))
+    ids, mask = left_padded_prompts(3, seed=2)
+    plain = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=10, eos_token_id=None)
+    kw = dict(max_new_tokens=10, eos_token_id=int(plain[0, ids.shape[1] + 2]), pad_token_id=0)  # row 0 ends early
+    spec = hf_specdec.SpecConfig(num_speculative_tokens=4, adaptive=False)
+    draft = make_draft(target, "mix")
+    for rows, sample in ((3, False), (3, True), (1, False), (1, True)):
+        target.generate(input_ids=ids[:rows], attention_mask=mask[:rows], do_sample=sample, assistant_model=draft,
+                        spec_config=spec, **kw)
+    target.generate(input_ids=ids[:1], attention_mask=mask[:1], do_sample=False, spec_config=spec, **kw,
+                    assistant_model=hf_specdec.DraftHead.for_target(target))
+    target.generate(input_ids=ids[:1], attention_mask=mask[:1], do_sample=False, **kw,
+                    spec_config=hf_specdec.SpecConfig(num_speculative_tokens=4, method="ngram"))
+    assert not misaligned, misaligned
