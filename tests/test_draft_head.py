@@ -324,7 +324,7 @@ def test_rows_move_to_smaller_buckets(targets, perfect, monkeypatch, kind):
     assert torch.equal(out.sequences, expected)
     assert len({int(r["keep"].shape[0]) for r in reads["rounds"]}) > 1  # rounds ran in buckets of several sizes
     runner = runner_for(target, head)
-    assert 16 in runner.states and runner.state.size < 16
+    assert 16 in runner.slot.states and runner.state.size < 16
     check_head_reads(target, reads, out.sequences, mask, K, kw["eos_token_id"])
     if kind == "perfect":
         assert out.spec_metrics.acceptance_rate == 1.0

@@ -37,7 +37,7 @@ def test_rows_finish_at_different_rounds_and_the_batch_changes_bucket(target):
                           return_dict_in_generate=True)
     assert torch.equal(out.sequences, expected)
     runner = runner_for(target, draft)
-    assert 16 in runner.states and runner.state.size < 16  # started at bucket 16, ended in a smaller one
+    assert 16 in runner.slot.states and runner.state.size < 16  # started at bucket 16, ended in a smaller one
 
 
 def test_the_policy_sees_each_rounds_verdicts_across_rows_leaving_and_smaller_buckets(target, monkeypatch):
@@ -97,11 +97,11 @@ def test_second_call_reuses_buckets(target):
               spec_config=fast(num_speculative_tokens=2))
     first = target.generate(**kw)
     runner = runner_for(target, draft)
-    states = dict(runner.states)
+    states = dict(runner.slot.states)
     second = target.generate(**kw)
     assert torch.equal(first, second)
     assert runner_for(target, draft) is runner
-    assert all(runner.states[b] is s for b, s in states.items())  # same buffers: graphs would replay
+    assert all(runner.slot.states[b] is s for b, s in states.items())  # same buffers: graphs would replay
 
 
 def test_alternating_configurations_each_keep_their_buckets(target):
@@ -116,8 +116,8 @@ def test_alternating_configurations_each_keep_their_buckets(target):
     for k in (2, 3, 2):
         out = target.generate(**base, assistant_model=draft, spec_config=fast(num_speculative_tokens=k))
         assert torch.equal(out, expected)
-        kept.setdefault(k, dict(runner.states))
-        assert all(runner.states[b] is s for b, s in kept[k].items())
+        kept.setdefault(k, dict(runner.slot.states))
+        assert all(runner.slot.states[b] is s for b, s in kept[k].items())
     assert runner.key.k == 2 and len(runner.slots) == 2
     assert all(s.stat_per_position.shape[0] == 2 for s in kept[2].values())  # the k = 2 buffers, not k = 3's
 

@@ -36,20 +36,18 @@ class BucketMoves:
         smallest = bucket_for(rows)
         if smallest >= current:
             return None
-        if not runner.graphed or self.lockstep or runner.slot.move_credit.get(smallest, 0.0) >= self._capture_cost():
+        if not runner.graphed or self.lockstep:
             return smallest
-        captured = [b for b in _buckets_between(smallest, current) if runner.slot.has_graphs(b)]
-        return captured[0] if captured else None
+        captured, mean = runner.slot.captures()
+        if runner.slot.move_credit.get(smallest, 0.0) >= GRAPHS * (DEFAULT_CAPTURE_S if mean is None else mean):
+            return smallest
+        return next((b for b in _buckets_between(smallest, current) if b in captured), None)
 
     def credit(self, rows: int, round_seconds: float) -> None:
         """A round ran in a larger bucket than ``rows`` need (they stayed): credit the smallest bucket holding them."""
         slot, smallest = self.runner.slot, bucket_for(rows)
-        if self.runner.graphed and smallest < self.runner.state.size and not slot.has_graphs(smallest):
+        if self.runner.graphed and smallest < self.runner.state.size and smallest not in slot.captures()[0]:
             slot.move_credit[smallest] = slot.move_credit.get(smallest, 0.0) + SAVING * round_seconds
-
-    def _capture_cost(self) -> float:
-        mean = self.runner.slot.mean_capture_seconds()
-        return GRAPHS * (DEFAULT_CAPTURE_S if mean is None else mean)
 
 
 def _buckets_between(smallest: int, current: int) -> list[int]:

@@ -54,15 +54,17 @@ class Slot:
     states: dict = field(default_factory=dict)  # bucket rows -> BucketState
     graphs: dict = field(default_factory=dict)  # (stage, bucket rows, k) -> StageGraph
     move_credit: dict = field(default_factory=dict)  # bucket rows -> seconds toward its captures (call/bucket_moves.py)
+    _captures: tuple = (-1, frozenset(), None)  # (graphs counted, buckets captured, mean capture seconds)
 
-    def has_graphs(self, bucket: int) -> bool:
-        """Some round of ``bucket`` rows was captured under this key."""
-        return any(key[1] == bucket for key in self.graphs)
-
-    def mean_capture_seconds(self) -> Optional[float]:
-        """The mean capture time of this key's graphs (a first capture's JIT compiles included), None before any."""
-        times = [graph.capture_seconds for graph in self.graphs.values()]
-        return sum(times) / len(times) if times else None
+    def captures(self) -> tuple[frozenset, Optional[float]]:
+        """The buckets some round of which was captured under this key, and the mean capture time of its graphs (a
+        first capture's JIT compiles included; None before any). Asked every round of a call's tail: counted again
+        only when a graph was added (graphs are only ever added to a slot)."""
+        if self._captures[0] != len(self.graphs):
+            times = [graph.capture_seconds for graph in self.graphs.values()]
+            self._captures = (len(self.graphs), frozenset(key[1] for key in self.graphs),
+                              sum(times) / len(times) if times else None)
+        return self._captures[1:]
 
 
 class RunnerSlots:

@@ -45,9 +45,7 @@ class SpecRunner:
         self.key: Optional[RunnerKey] = None
         self.caches: dict[str, PagedKVCache] = {}
         self.slots = RunnerSlots()  # per key: bucket states and graphs (runner_slots.py)
-        self.states: dict[int, BucketState] = {}  # the current key's
-        self.graphs: dict[tuple[str, int, int], StageGraph] = {}
-        self.slot: Optional[Slot] = None  # the current key's (its states and graphs are the two dicts above)
+        self.slot = Slot()  # the current key's: its bucket states and graphs
         self.prefills = FixedPrefill()  # fixed-shape prefill buffers and graphs (prefill.py)
         self.fixed_prefill = True
         self.compiling: dict[str, BackgroundCompile] = {}  # per model: its compiled code, made off the call's path
@@ -108,8 +106,7 @@ class SpecRunner:
             for cache in self.caches.values():
                 if cache.num_blocks != pool_blocks:
                     cache.resize(pool_blocks)
-            slot = self.slots.slot(key)  # a key seen before: its states and graphs replay
-            self.slot, self.states, self.graphs = slot, slot.states, slot.graphs
+            self.slot = self.slots.slot(key)  # a key seen before: its states and graphs replay
             self.policy_memory = self.slots.policy_memory(key)
             self.key = key
         for name, model in models.items():
@@ -271,11 +268,11 @@ class SpecRunner:
 
     def _catch_up_graph(self) -> StageGraph:
         s = self.state
-        graph = self.graphs.get(("catch_up", s.size, CATCH_UP))
+        graph = self.slot.graphs.get(("catch_up", s.size, CATCH_UP))
         if graph is None:
             stage = lambda: self.spec.catch_up(s, self.models, CATCH_UP, compiled=True)  # noqa: E731
             what = f"the draft's catch-up, bucket {s.size}"
-            graph = self.graphs[("catch_up", s.size, CATCH_UP)] = StageGraph(stage, s.tensors(), None, what=what)
+            graph = self.slot.graphs[("catch_up", s.size, CATCH_UP)] = StageGraph(stage, s.tensors(), None, what=what)
             self.warmup_seconds += graph.capture_seconds
         return graph
 
@@ -287,9 +284,9 @@ class SpecRunner:
             return [(stage, None) for _, stage in stages]
         out = []
         for name, stage in stages:
-            graph = self.graphs.get((name, B, k))
+            graph = self.slot.graphs.get((name, B, k))
             if graph is None:
-                graph = self.graphs[(name, B, k)] = StageGraph(stage, s.tensors(), spec.generator,
+                graph = self.slot.graphs[(name, B, k)] = StageGraph(stage, s.tensors(), spec.generator,
                                                                   what=f"{name}, bucket {B}, k = {k}")
                 if name == "verify":  # its own output memory, read at the sync (host criteria, outputs kept)
                     graph.scores, graph.logits = s.scores, s.logits
@@ -336,9 +333,9 @@ class SpecRunner:
         s.keep.index_copy_(0, index, kept)  # what a draft head re-reads next (length - keep - 1 >= 0)
         s.done.index_fill_(0, index, True)
 
-    def shrink(self, live: torch.Tensor, bucket: Optional[int] = None) -> None:
-        """Move the ``live`` rows (device indices) of the current bucket into a smaller one (default: the smallest)."""
-        s = self._state(bucket or bucket_for(live.shape[0]))
+    def shrink(self, live: torch.Tensor, bucket: int) -> None:
+        """Move the ``live`` rows (device indices) of the current bucket into the smaller ``bucket``."""
+        s = self._state(bucket)
         s.load_rows(self.state, live)
         self._clear_padding(s, live.shape[0])
         self.state = s
@@ -357,10 +354,10 @@ class SpecRunner:
         return min(min(limits), 65536) if all(limits) else 0
 
     def _state(self, rows: int) -> BucketState:
-        s = self.states.get(rows)
+        s = self.slot.states.get(rows)
         if s is None:
             key = self.key
-            s = self.states[rows] = BucketState.allocate(
+            s = self.slot.states[rows] = BucketState.allocate(
                 rows, key.width, key.table_width, key.k,
                 key.vocab if key.do_sample and self.spec.draft_model is not None else None, key.eos_width,
                 self.batch.device, feature_layout(self.target) if self.head else None)

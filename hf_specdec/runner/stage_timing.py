@@ -46,7 +46,7 @@ def time_stages(runner: SpecRunner, bucket: int, repeats: int = 50,
     """Milliseconds per piece at ``bucket`` rows (a bucket the runner has used). ``pieces_out``: receives each
     piece by name as (what was timed: its graph or the eager stage, the eager stage), for a caller that profiles
     them further."""
-    s = runner.states[bucket]
+    s = runner.slot.states[bucket]
     s.done.fill_(True)
     spec, k = runner.spec, runner.spec.k
     target = runner.models["target"]
