@@ -100,6 +100,9 @@ def main(argv=None):
     p.add_argument("--k-max", type=int, default=8)
     p.add_argument("--fixed", default="2,3", help="fixed k rows")
     p.add_argument("--calls", type=int, default=8, help="timed calls per configuration, interleaved")
+    p.add_argument("--compile-wait", action="store_true",
+                   help="SpecConfig(compile=True): the warm-up waits for the compiled models, so that every timed "
+                        "call runs the steady state (else calls of the first minute run beside the compilation)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--out", required=True)
@@ -119,7 +122,7 @@ def main(argv=None):
             input_ids=inputs[0], attention_mask=inputs[1], assistant_model=draft_model,
             max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id,
             eos_token_id=tok.eos_token_id, return_dict_in_generate=True,
-            spec_config=hf_specdec.SpecConfig(**spec))
+            spec_config=hf_specdec.SpecConfig(**({"compile": True} if args.compile_wait else {}), **spec))
 
     configs = {"plain": ours(None, num_speculative_tokens=0)}
     for k in [int(v) for v in args.fixed.split(",") if v]:

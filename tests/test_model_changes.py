@@ -76,3 +76,33 @@ def test_a_model_with_a_replaced_module_gets_a_new_compile_job():
     again = compile_job(model, 96, 4, 16)
     assert again is not job and again.model is model
     assert compile_job(model, 96, 4, 16) is again
+
+
+def test_the_signatures_see_every_kind_of_change_and_nothing_else():
+    """The runner's key (``models_signature``) and a compile job's (``module_signature``) are computed each call by
+    one pass over the modules' own dicts: each change that graphs or a compiled copy would miss alters them, whether
+    made through ``setattr`` or straight into a module's dicts (as accelerate's ``set_module_tensor_to_device``
+    does); an unchanged model keeps them."""
+    from hf_specdec.runner.runner_slots import models_signature, module_signature
+
+    model = make_model("llama", seed=0)
+    draft = make_draft(model, "mix")
+    before = models_signature([model, draft]), module_signature(model)
+    assert before == (models_signature([model, draft]), module_signature(model))
+    layer = model.model.layers[0]
+    proj = layer.mlp.down_proj
+    changes = {
+        "activation replaced (no tensor)": lambda: setattr(layer.mlp, "act_fn", torch.nn.GELU()),
+        "parameter written into the dict": lambda: proj._parameters.__setitem__(
+            "weight", torch.nn.Parameter(proj.weight.detach().clone())),
+        "new storage in place": lambda: setattr(proj.weight, "data", proj.weight.detach().clone()),
+        "new dtype": lambda: proj.double(),
+        "a layer deleted": lambda: model.model.layers.__delitem__(1),
+    }
+    modules_change = {"activation replaced (no tensor)", "a layer deleted"}
+    for name, change in changes.items():
+        m0, s0 = models_signature([model, draft]), module_signature(model)
+        change()
+        assert models_signature([model, draft]) != m0, name
+        assert (module_signature(model) != s0) == (name in modules_change), name
+    assert models_signature([draft]) == models_signature([draft])

@@ -100,6 +100,8 @@ def _prompt_attention(module, query, key, value, scaling, spans, real: torch.Ten
     real ones, so no real token attends them, but garbage there (NaN) would leak through a masked softmax."""
     keep = real[None, None, :, None]
     key, value = torch.where(keep, key, 0), torch.where(keep, value, 0)
+    if spans == ((0, query.shape[2]),):  # one row, prompt then padding (a b = 1 prefill): no zeros, no copy
+        return sdpa_attention_forward(module, query, key, value, None, scaling=scaling, dropout=0.0)[0]
     out = query.new_zeros(1, query.shape[2], query.shape[1], query.shape[3])
     for s, e in spans:
         part, _ = sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None,

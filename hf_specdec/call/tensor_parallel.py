@@ -33,8 +33,8 @@ _HASH_SEED = 0x5EED
 
 def tp_mesh(model: Optional[PreTrainedModel]):
     """The tensor-parallel device mesh of ``model`` (None when it is not sharded over several ranks)."""
-    if model is None or not dist.is_available():
-        return None
+    if model is None or not dist.is_available() or not dist.is_initialized():
+        return None  # no process group, no mesh of several ranks (and no walk over every parameter, each call)
     from torch.distributed.tensor import DTensor
 
     # the mesh the weights are sharded on (transformers >= 5.2x keeps a larger mesh on the model)

@@ -97,15 +97,31 @@ class RunnerSlots:
 def models_signature(models) -> int:
     """A hash of ``models``' modules and of every parameter's and buffer's (address, dtype, device): it changes
     when a module is replaced or a tensor gets new storage, which graphs captured before would never see."""
-    return hash(tuple((module_signature(model), tuple((_address(t), t.dtype, t.device) for tensors in
-                                                      (model.parameters(), model.buffers()) for t in tensors))
-                      for model in models))
+    return hash(tuple(_walk(model, tensors=True) for model in models))
 
 
 def module_signature(model) -> int:
     """A hash of the identities of ``model``'s modules: a compiled copy of the model holds the modules of its
     moment, so a replaced one needs a new copy."""
-    return hash(tuple(map(id, model.modules())))
+    return hash(_walk(model, tensors=False))
+
+
+def _walk(model, tensors: bool) -> tuple:
+    """Every module of ``model`` once (by identity), with its own parameters and buffers (address, dtype, device)
+    when ``tensors``: one pass over the modules' own dicts. Each call pays it (``modules()``, ``parameters()`` and
+    ``buffers()`` walked the tree once each through generators: 3.5 ms an 8B/1B-shaped pair on a 2-core host)."""
+    parts, seen, stack = [], set(), [model]
+    while stack:
+        module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        parts.append(id(module))
+        if tensors:
+            for group in (module._parameters, module._buffers):
+                parts.extend((_address(t), t.dtype, t.device) for t in group.values() if t is not None)
+        stack.extend(child for child in reversed(module._modules.values()) if child is not None)
+    return tuple(parts)
 
 
 def _address(t: torch.Tensor) -> int:
