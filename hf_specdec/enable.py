@@ -47,6 +47,7 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
         streamer = kwargs.pop("streamer", None)
         if streamer is not None:
             kwargs["spec_streamer"] = streamer
+        _no_hf_cache(model, kwargs)
         with _current_device(model):
             return original(*args, custom_generate=speculative_generate, spec_config=spec_config, **kwargs)
 
@@ -61,6 +62,16 @@ def _current_device(model: PreTrainedModel):
     current device and CUDA graphs capture its stream, and a model may live on another GPU than device 0."""
     device = model.device
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def _no_hf_cache(model: PreTrainedModel, kwargs: dict) -> None:
+    """The call keeps its K/V in hf_specdec's paged caches: transformers need not build a DynamicCache of its own
+    first (0.6 ms for a 32-layer model on a 2-core host, in every call's time to first token). Left to transformers
+    when the call names a cache, ``use_cache`` or a cache implementation (it checks those against each other), or a
+    ``generation_config`` (transformers deprecates passing one together with generation arguments)."""
+    names = ("generation_config", "use_cache", "cache", "past_key_values", "cache_implementation")
+    if all(kwargs.get(name) is None for name in names) and model.generation_config.cache_implementation is None:
+        kwargs["use_cache"] = False
 
 
 def _stop_strings_as_criteria(model: PreTrainedModel, kwargs: dict) -> None:

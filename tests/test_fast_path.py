@@ -323,3 +323,25 @@ def test_requests_the_rounds_cannot_reproduce_are_refused_by_name(target):
     expected = target.generate(**one)
     assert torch.equal(target.generate(**one, assistant_model=kw["assistant_model"], spec_config=kw["spec_config"]),
                        expected)
+
+
+def test_a_call_builds_no_cache_of_transformers_unless_asked(target, monkeypatch):
+    """The paged caches hold the call's K/V: transformers' generate() is not left to build a DynamicCache first
+    (time to first token), unless the call asks for a cache itself, which is then checked as before."""
+    from transformers import DynamicCache, GenerationConfig
+
+    built = []
+    init = DynamicCache.__init__
+    monkeypatch.setattr(DynamicCache, "__init__", lambda self, *a, **kw: (built.append(1), init(self, *a, **kw))[1])
+    ids, mask = left_padded_prompts(2, seed=5)
+    kw = dict(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
+    plain = target.generate(**kw)
+    built.clear()
+    assert torch.equal(target.generate(**kw, spec_config=fast(num_speculative_tokens=0)), plain)
+    assert not built
+    assert torch.equal(target.generate(**kw, use_cache=True, spec_config=fast(num_speculative_tokens=0)), plain)
+    assert built  # asked for: transformers builds it, and the call runs on the paged caches all the same
+    config = GenerationConfig(max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
+    got = target.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                          spec_config=fast(num_speculative_tokens=0))
+    assert torch.equal(got, plain)
