@@ -38,7 +38,7 @@ Random weights (nothing downloaded) in Llama-3.1-8B's shapes for the target and 
 
 7. with --long-prompts: time to first token at b = 1 for each length (until a streamer gets the first generated
    token of a generate(max_new_tokens=4) call), ours (SpecConfig() with the draft; and k = 0, the target alone)
-   against HF's generate, and the peak memory of a b = 32 call with
+   against HF's generate (median of --long-repeats calls), and the peak memory of a b = 32 call with
    --long-batch-prompt tokens a row (scale_long_prompts.py).
 
 --shapes tiny runs on the CPU (fp32, the runner without graphs, no CUDA events): the same code paths with a
@@ -292,6 +292,7 @@ def parse_args(argv=None):
                     "tokens (hf_specdec.reduce_vocab; 0: the whole vocabulary)")
     ap.add_argument("--long-prompts", default="", help="prompt lengths for time to first token, e.g. 2048,8192")
     ap.add_argument("--long-batch-prompt", type=int, default=4096, help="tokens a row of the b = 32 memory check")
+    ap.add_argument("--long-repeats", type=int, default=3, help="timed calls per time to first token (median)")
     ap.add_argument("--out", help="JSON of the results")
     ap.add_argument("--report", nargs="+", metavar="JSON", help="print the markdown tables of these files and exit")
     args = ap.parse_args(argv)

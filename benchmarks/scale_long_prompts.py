@@ -36,8 +36,8 @@ class FirstTokenClock:
 def long_prompts(target, draft, args, device: torch.device, log=print) -> dict:
     """Time to first token at b = 1 for each --long-prompts length, as a streaming user meets it: from the call to
     its streamer's first generated token, in generate(max_new_tokens=4) with SpecConfig() and the draft against
-    Hugging Face's own generate (dynamic cache, the model's attention implementation), median of 3 after a warm
-    call each; then the peak memory of a b = 32 call with --long-batch-prompt tokens a row (caches sized
+    Hugging Face's own generate (dynamic cache, the model's attention implementation), median of --long-repeats
+    after a warm call each; then the peak memory of a b = 32 call with --long-batch-prompt tokens a row (caches sized
     automatically), against the GPU's memory."""
     lengths = [int(n) for n in args.long_prompts.split(",") if n.strip()]
     longest = max(lengths + [args.long_batch_prompt]) + 64
@@ -59,7 +59,7 @@ def long_prompts(target, draft, args, device: torch.device, log=print) -> dict:
         for name, call in calls.items():
             call(FirstTokenClock())
             times = []
-            for _ in range(3):
+            for _ in range(args.long_repeats):
                 clock = FirstTokenClock()
                 sync(device)
                 start = time.perf_counter()

@@ -20,7 +20,7 @@ STEPS = ("target_step", "plain_round", "plain_step_wall", "draft_step", "draft_f
 def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("scale") / "scale_tiny.json"
     scale.main(["--shapes", "tiny", "--device", "cpu", "--batches", "1,2", "--repeats", "3", "--long-prompts", "40,80",
-                "--out", str(out)])
+                "--long-repeats", "2", "--out", str(out)])
     with open(out) as fh:
         return json.load(fh)
 
