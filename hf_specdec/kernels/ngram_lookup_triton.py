@@ -3,8 +3,9 @@
 Same signature, layout and result as the torch version (its reference): one program per row scans the row's
 committed tokens ``[pads, pads + length)`` for the latest earlier occurrence of its last ``n`` tokens, ``n`` from
 ``max_n`` down to ``min_n``; the first ``n`` with a match wins and the up to ``k`` tokens after it are the drafts.
-Starts are scanned in blocks of ``BLOCK`` columns; a start matches when all ``n`` of its tokens equal the suffix's
-(``MAX_N`` unrolled comparisons, those past ``n`` masked). Drafts past a row's count are filler, as in torch.
+Starts are scanned in blocks of ``BLOCK`` columns, from the block holding the row's first column to the one holding
+its last candidate start; a start matches when all ``n`` of its tokens equal the suffix's (``MAX_N`` unrolled
+comparisons, those past ``n`` masked). Drafts past a row's count are filler, as in torch.
 """
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ def _ngram_drafts_kernel(tokens_ptr, pads_ptr, length_ptr, drafts_ptr, counts_pt
         n = max_n - i
         latest = pad * 0 - 1
         if (best < 0) & (n <= W - 1):
-            for s0 in range(0, W, BLOCK):
+            # only the blocks holding the row's candidate starts, [pad, end - n): a row of a few hundred tokens in
+            # a history thousands of columns wide scans its own columns, not the width
+            for s0 in range(pad - pad % BLOCK, end - n, BLOCK):
                 starts = s0 + tl.arange(0, BLOCK)
                 # an earlier occurrence: inside the row, and ending before its last token (something follows it)
                 match = (starts >= pad) & (starts + n < end)
