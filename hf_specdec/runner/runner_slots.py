@@ -124,8 +124,7 @@ def _walk(model, tensors: bool) -> tuple:
             for group in (module._parameters, module._buffers):
                 for t in group.values() if group else ():
                     if t is not None:
-                        plain = type(t) is torch.nn.Parameter or type(t) is torch.Tensor
-                        append((t.data_ptr() if plain else _address(t), t.dtype, t.device))
+                        append((_address(t), t.dtype, t.device))
         if module._modules:
             push(reversed(module._modules.values()))
     return tuple(parts)
@@ -134,6 +133,8 @@ def _walk(model, tensors: bool) -> tuple:
 def _address(t: torch.Tensor) -> int:
     """Where ``t``'s data lives; a tensor subclass without storage of its own (DTensor, some quantised
     weights) by the address of its local tensor, else by identity."""
+    if type(t) is torch.nn.Parameter or type(t) is torch.Tensor:  # nearly every weight: no attribute lookup
+        return t.data_ptr()
     try:
         return getattr(t, "_local_tensor", t).data_ptr()
     except (RuntimeError, NotImplementedError, TypeError):
