@@ -8,8 +8,10 @@ are caught by the end-of-call check; a draft placed against SpecConfig.draft_tp 
 """
 import json
 import os
+import re
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -44,8 +46,21 @@ def ranks(tmp_path_factory):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            os.path.join(REPO, "tests", "tp_worker.py"), str(root), str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    if res.returncode != 0 and _killed_by_signal(res.stderr):
+        # A rank killed by a signal inside gloo or the interpreter (a SIGSEGV once in CI, mid-forward, never
+        # reproduced in 14 runs under load): one more run, so a native crash of the shared runner is not read
+        # as a wrong answer; a crash that repeats, or any Python error, fails. The first run's stack is kept.
+        warnings.warn("tensor-parallel ranks crashed once and were run again:\n" + res.stderr[-4000:])
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-6000:]
     return [json.load(open(out / f"rank{r}.json")) for r in (0, 1)]
+
+
+def _killed_by_signal(stderr: str) -> bool:
+    """torchrun's failure table gives a rank killed by a signal a negative exit code; a Python error in a rank
+    (tp_worker.py prints it and exits with 1) does not count."""
+    codes = [int(c) for c in re.findall(r"exitcode\s*:\s*(-?\d+)", stderr)]
+    return bool(codes) and all(c < 0 for c in codes)
 
 
 def test_weights_are_sharded_and_cache_holds_local_heads(ranks):

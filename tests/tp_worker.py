@@ -5,6 +5,7 @@
 Loads the target (and the draft) with ``tp_plan="auto"`` and as ordinary models, runs the cases
 below on both paths and writes ``OUT_DIR/rank{r}.json``; the test compares the ranks' files.
 """
+import faulthandler
 import json
 import os
 import sys
@@ -87,6 +88,7 @@ def main(ckpt, out_dir):
 
 
 if __name__ == "__main__":
+    faulthandler.enable()  # a crash in native code prints every thread's Python stack (CI shows stderr)
     try:
         main(sys.argv[1], sys.argv[2])
     except Exception:
