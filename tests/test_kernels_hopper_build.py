@@ -1,10 +1,11 @@
 """Triton kernels compile for a Hopper GPU (sm_90: cubin through the wheel's ptxas), with no GPU: those not yet run
-on a GPU when they were written (the round's commit, step metadata, prompt lookup), and the layer kernels' programmatic
-dependent launch variants (``USE_PDL``: the GEMV, the K/V write, the attention and its split-KV combine).
+on a GPU when they were written (the round's commit, step metadata, prompt lookup, the rotary + K/V write), and the
+layer kernels' programmatic dependent launch variants (``USE_PDL``: the GEMV, the K/V write, the attention and its
+split-KV combine, the rotary + K/V write).
 
 CPU tests run the kernels under Triton's interpreter, which executes their Python but never lowers them; a
 construct the compiler refuses would first fail on a GPU. This builds every variant the runner can launch
-(commit: both run widths; step metadata; prompt lookup; the PDL variants) in a process without ``TRITON_INTERPRET``.
+(commit: both run widths; step metadata; prompt lookup; rotary + K/V write; the PDL variants) in a process without ``TRITON_INTERPRET``.
 """
 import os
 import pathlib
@@ -50,6 +51,18 @@ kernel = triton.compile(ASTSource(fn=nl._ngram_drafts_kernel, signature=sig,
                         options=dict(num_warps=4))
 assert kernel.asm["cubin"], "no cubin"
 built += 1
+from hf_specdec.kernels import rotary_write_kv_triton as rw
+rw_sig = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", cos_ptr="*bf16", sin_ptr="*bf16", q_out_ptr="*bf16",
+              k_out_ptr="*bf16", key_cache_ptr="*bf16", value_cache_ptr="*bf16", slot_ptr="*i64", **{n: "i32" for n in (
+                  "num_heads", "num_kv_heads", "head_dim", "block_size", "stride_qt", "stride_qh", "stride_kt",
+                  "stride_kh", "stride_vt", "stride_vh", "stride_ct", "stride_st", "stride_ot", "stride_oh",
+                  "stride_kot", "stride_koh", "stride_kc_blk", "stride_kc_pos", "stride_kc_h", "stride_vc_blk", "stride_vc_pos", "stride_vc_h")})
+kernel = triton.compile(ASTSource(fn=rw._rotary_write_kv_kernel,
+                                  signature={n: rw_sig.get(n, "constexpr") for n in rw._rotary_write_kv_kernel.arg_names},
+                                  constexprs=dict(BLOCK_H=32, BLOCK_KVH=8, BLOCK_D=128, STORE_K=True, USE_PDL=False)),
+                        target=target, options=dict(num_warps=4))
+assert kernel.asm["cubin"], "no cubin"
+built += 1
 from hf_specdec.kernels import decode_linear_triton as dl, paged_attention_triton as pa
 pdl = dict(options=dict(num_warps=4, launch_pdl=True))
 variants = [
@@ -73,6 +86,7 @@ variants = [
                                           "num_kv_splits")}),
      dict(HAS_SOFTCAP=False, HAS_WINDOW=False, IEEE_FP32=False, UPCAST=False, BLOCK_Q=4, BLOCK_M=16, BLOCK_N=32,
           BLOCK_D=128)),
+    (rw._rotary_write_kv_kernel, rw_sig, dict(BLOCK_H=32, BLOCK_KVH=8, BLOCK_D=128, STORE_K=False)),
 ]
 import triton.language as tl
 for fn, sig, constexprs in variants if hasattr(tl.extra.cuda, "gdc_wait") else []:  # an older Triton: no PDL
@@ -95,4 +109,4 @@ def test_kernels_build_for_hopper(tmp_path):
     done = subprocess.run([sys.executable, "-c", _BUILD], cwd=root, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
-    assert "built 8" in done.stdout or "built 4 (no PDL in this Triton)" in done.stdout, done.stdout
+    assert "built 10" in done.stdout or "built 5 (no PDL in this Triton)" in done.stdout, done.stdout

@@ -30,7 +30,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..kernels import paged_attention, write_kv_to_slots
+from ..kernels import paged_attention, rotary_write_kv, write_kv_to_slots
 from .devices import hidden_states_device, input_device, kwargs_left_in_place
 
 ATTN_NAME = "hf_specdec_paged"
@@ -79,12 +79,34 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
         write_kv_to_slots(k, v, key_pool, value_pool, batch.slot_mapping)
         if _fresh_spans_fit(batch.fresh, kwargs.get("sliding_window"), kwargs.get("softcap")):
             return _prompt_attention(module, query, key, value, scaling, batch.fresh, batch.slot_mapping >= 0), None
-        out = paged_attention(
-            q.contiguous(), key_pool, value_pool, batch.block_tables, batch.seq_lens, batch.query_start_loc,
-            batch.max_query_len, scaling if scaling is not None else q.shape[-1] ** -0.5,
-            kwargs.get("sliding_window"), kwargs.get("softcap"),
-        )
+        out = _paged(q.contiguous(), key_pool, value_pool, batch, scaling, kwargs.get("sliding_window"),
+                     kwargs.get("softcap"))
     return out.unsqueeze(0), None
+
+
+@torch.compiler.disable
+def paged_rotary_attention(module, query, key, value, cos, sin, scaling, sliding_window, batch) -> torch.Tensor:
+    """``paged_attention_forward`` for a layer that hands over its queries and keys before the rotary
+    (``runner/rotary_attention.py``): ``query`` ``(T, heads, D)``, ``key``/``value`` ``(T, kv_heads, D)``,
+    ``cos``/``sin`` ``(T, D)``. One launch rotates q and k and writes K/V (``kernels.rotary_write_kv``); then the
+    paged kernel attends, or, for prompts read from position 0, the model's own attention over the rotated keys
+    it also returned. Returns ``(T, heads, D)``."""
+    key_pool, value_pool = batch.cache.layer_pools(module.layer_idx, key)
+    batch = batch.on(query.device)
+    with _launch_device(query):
+        prompt = _fresh_spans_fit(batch.fresh, sliding_window, None)
+        q, k = rotary_write_kv(query, key, value, cos, sin, key_pool, value_pool, batch.slot_mapping, prompt)
+        if prompt:
+            heads_first = (x.transpose(0, 1)[None] for x in (q, k, value))  # (1, heads, T, D), as transformers'
+            return _prompt_attention(module, *heads_first, scaling, batch.fresh, batch.slot_mapping >= 0)[0]
+        return _paged(q, key_pool, value_pool, batch, scaling, sliding_window, None)
+
+
+def _paged(q, key_pool, value_pool, batch, scaling, sliding_window, softcap) -> torch.Tensor:
+    """The paged kernel over ``q`` ``(T, heads, D)`` (contiguous), after its K/V were written."""
+    return paged_attention(q, key_pool, value_pool, batch.block_tables, batch.seq_lens, batch.query_start_loc,
+                           batch.max_query_len, scaling if scaling is not None else q.shape[-1] ** -0.5,
+                           sliding_window, softcap)
 
 
 def _fresh_spans_fit(spans, window, softcap) -> bool:

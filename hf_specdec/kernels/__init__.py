@@ -1,7 +1,7 @@
 """Kernels of a speculative round, each a Triton kernel beside a torch reference of the same signature.
 
-``rejection_sample``, ``typical_accept``, ``write_kv_to_slots``, ``paged_attention``, ``decode_linear``,
-``commit_round``, ``step_metadata`` and ``ngram_drafts`` call the
+``rejection_sample``, ``typical_accept``, ``write_kv_to_slots``, ``rotary_write_kv``, ``paged_attention``,
+``decode_linear``, ``commit_round``, ``step_metadata`` and ``ngram_drafts`` call the
 custom ops of ``ops.py`` (``torch.ops.hf_specdec.*``): Triton on CUDA tensors, the reference
 elsewhere, one opaque node each under ``torch.compile``. The samplers' random numbers are drawn
 here, outside the ops (custom ops cannot take generators). Nothing here reads tensor values:
@@ -21,6 +21,7 @@ from .ngram_lookup import ngram_drafts as ngram_drafts_torch
 from .ngram_lookup import ngram_drafts_reference
 from .paged_attention_reference import paged_attention_reference, write_kv_to_slots_reference
 from .rejection_sampler_reference import PLACEHOLDER_TOKEN_ID, rejection_sample_reference
+from .rotary_write_kv_reference import rotary_write_kv_reference
 from .sampling_noise import draw_acceptance_noise, greedy_noise_placeholders
 from .step_metadata_reference import slots_of, step_metadata_reference
 from .typical_acceptance_reference import typical_accept_reference
@@ -90,6 +91,15 @@ def write_kv_to_slots(key, value, key_cache, value_cache, slot_mapping) -> None:
     ops.write_kv_to_slots_op(key, value, key_cache, value_cache, slot_mapping)
 
 
+def rotary_write_kv(query, key, value, cos, sin, key_cache, value_cache, slot_mapping,
+                    return_key: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate ``query`` ``(T, heads, D)`` and ``key`` ``(T, kv_heads, D)`` by ``cos``/``sin`` ``(T, D)``
+    (transformers' ``rotate_half`` layout), write the rotated keys and ``value`` into the flat slots
+    ``slot_mapping`` (in place); returns the rotated queries and, with ``return_key``, the rotated keys (else an
+    empty tensor). One launch on CUDA (``rotary_write_kv_triton.py``)."""
+    return ops.rotary_write_kv_op(query, key, value, cos, sin, key_cache, value_cache, slot_mapping, bool(return_key))
+
+
 def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
                     max_query_len, scale, sliding_window=None, softcap=None) -> torch.Tensor:
     """Causal attention of packed ragged queries over the paged caches; ``(T, heads, head_dim)``."""
@@ -143,6 +153,8 @@ __all__ = [
     "paged_attention_reference",
     "rejection_sample",
     "rejection_sample_reference",
+    "rotary_write_kv",
+    "rotary_write_kv_reference",
     "slots_of",
     "step_metadata",
     "step_metadata_reference",

@@ -28,6 +28,7 @@ from .decode_linear_reference import decode_linear_reference
 from .ngram_lookup import ngram_drafts
 from .paged_attention_reference import paged_attention_reference, write_kv_to_slots_reference
 from .rejection_sampler_reference import rejection_sample_reference
+from .rotary_write_kv_reference import rotary_write_kv_reference
 from .step_metadata_reference import step_metadata_reference
 from .typical_acceptance_reference import typical_accept_reference
 
@@ -103,6 +104,19 @@ def write_kv_to_slots_op(key: Tensor, value: Tensor, key_cache: Tensor, value_ca
 @write_kv_to_slots_op.register_fake
 def _(key, value, key_cache, value_cache, slot_mapping):
     return None
+
+
+@torch.library.custom_op("hf_specdec::rotary_write_kv", mutates_args=("key_cache", "value_cache"))
+def rotary_write_kv_op(query: Tensor, key: Tensor, value: Tensor, cos: Tensor, sin: Tensor, key_cache: Tensor,
+                       value_cache: Tensor, slot_mapping: Tensor, return_key: bool) -> tuple[Tensor, Tensor]:
+    fn = _impl(query, "rotary_write_kv_triton", "rotary_write_kv_triton", rotary_write_kv_reference)
+    return fn(query, key, value, cos, sin, key_cache, value_cache, slot_mapping, return_key)
+
+
+@rotary_write_kv_op.register_fake
+def _(query, key, value, cos, sin, key_cache, value_cache, slot_mapping, return_key):
+    # both implementations return contiguous tensors
+    return query.new_empty(query.shape), key.new_empty(key.shape if return_key else (0,))
 
 
 @torch.library.custom_op("hf_specdec::paged_attention", mutates_args=())

@@ -10,8 +10,9 @@ cost nothing at replay. Shapes are dynamic: one compiled layer serves every batc
 counts of 1 apart, which torch specialises).
 
 What is compiled is ``fused_projections.shared_projections(model).module_copy(model)``: q/k/v and gate/up
-run as one matmul each, over weights the user's parameters are views of. The user's modules are not changed
-(``compile_regions`` and the fused copy are shallow copies that share modules and weights).
+run as one matmul each, over weights the user's parameters are views of; in it, Llama-family attention modules
+hand their keys over before the rotary (``rotary_attention.py``: rotary and K/V write in one launch). The user's
+modules are not changed (``compile_regions`` and the copies are shallow copies that share modules and weights).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from transformers import PreTrainedModel
 
 from .fused_projections import shared_projections
 from .inductor_passes import inductor_options
+from .rotary_attention import rotary_attention_copy
 
 # compiled variants per code object: (target, draft) x (1 token, any count) x (full, sliding-window layers) ...
 _CACHE_SIZE_LIMIT = 64
@@ -29,6 +31,6 @@ _CACHE_SIZE_LIMIT = 64
 def compile_model(model: PreTrainedModel, backend="inductor"):
     """A callable like ``model`` whose repeated decoder layers (and other children) are compiled."""
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, _CACHE_SIZE_LIMIT)
-    fused = shared_projections(model).module_copy(model)
+    fused = rotary_attention_copy(shared_projections(model).module_copy(model))
     options = {"options": inductor_options()} if backend == "inductor" else {}
     return compile_regions(fused, dynamic=True, backend=backend, **options)

@@ -1,0 +1,99 @@
+"""Triton: rotary of a step's queries and keys, and the keys' and values' cache write, in one launch.
+
+Same signature and layout as ``rotary_write_kv_reference.py``. One program per token ``t``: it loads the token's
+``cos``/``sin`` row once, rotates its query heads (stored to the returned ``(T, heads, D)`` tensor) and its key
+heads (stored into slot ``slot_mapping[t]`` with its value heads, cast to the cache's dtype; a negative slot stores
+no key or value; with ``return_key`` also to a ``(T, kv_heads, D)`` tensor, a prompt's keys for the model's own
+attention). ``rotate_half`` is a second load of each row at the partner column ``(d + D/2) mod D``, negated
+in the first half. The rotary runs in float32 and rounds once to the output dtype, as Inductor's compiled rotary
+does (transformers' eager formula rounds after each product in bfloat16: at most an ulp apart).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .pdl import pdl_launch
+from .pdl_triton import wait_for_previous_then_release_next
+
+
+@triton.jit
+def _rotate_rows(ptr, stride_h, num_heads, cos, sin, half, head_dim, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The rotated ``(BLOCK_H, BLOCK_D)`` float32 tile of one token's heads at ``ptr`` (masked past the sizes)."""
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_D)[None, :]
+    m = (h < num_heads) & (d < head_dim)
+    partner = tl.where(d < half, d + half, d - half)
+    x = tl.load(ptr + h * stride_h + d, mask=m, other=0.0).to(tl.float32)
+    y = tl.load(ptr + h * stride_h + partner, mask=m, other=0.0).to(tl.float32)
+    return x * cos + tl.where(d < half, -y, y) * sin
+
+
+@triton.jit
+def _rotary_write_kv_kernel(
+    q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr, key_cache_ptr, value_cache_ptr, slot_ptr,
+    num_heads, num_kv_heads, head_dim, block_size,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ct, stride_st, stride_ot, stride_oh,
+    stride_kot, stride_koh, stride_kc_blk, stride_kc_pos, stride_kc_h, stride_vc_blk, stride_vc_pos, stride_vc_h,
+    BLOCK_H: tl.constexpr, BLOCK_KVH: tl.constexpr, BLOCK_D: tl.constexpr, STORE_K: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    wait_for_previous_then_release_next(USE_PDL)  # before reading what earlier kernels wrote (kernels/pdl.py)
+    t = tl.program_id(0).to(tl.int64)
+    half = head_dim // 2
+    dd = tl.arange(0, BLOCK_D)[None, :]
+    cos = tl.load(cos_ptr + t * stride_ct + dd, mask=dd < head_dim, other=0.0).to(tl.float32)
+    sin = tl.load(sin_ptr + t * stride_st + dd, mask=dd < head_dim, other=0.0).to(tl.float32)
+    h = tl.arange(0, BLOCK_H)[:, None]
+    q = _rotate_rows(q_ptr + t * stride_qt, stride_qh, num_heads, cos, sin, half, head_dim, BLOCK_H, BLOCK_D)
+    tl.store(q_out_ptr + t * stride_ot + h * stride_oh + dd, q.to(q_out_ptr.dtype.element_ty),
+             mask=(h < num_heads) & (dd < head_dim))
+    kh = tl.arange(0, BLOCK_KVH)[:, None]
+    m = (kh < num_kv_heads) & (dd < head_dim)
+    k = _rotate_rows(k_ptr + t * stride_kt, stride_kh, num_kv_heads, cos, sin, half, head_dim, BLOCK_KVH, BLOCK_D)
+    if STORE_K:  # a prompt's keys, for the model's own attention over them
+        tl.store(k_out_ptr + t * stride_kot + kh * stride_koh + dd, k.to(k_out_ptr.dtype.element_ty), mask=m)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot >= 0:
+        blk = slot // block_size
+        off = slot % block_size
+        v = tl.load(v_ptr + t * stride_vt + kh * stride_vh + dd, mask=m)
+        tl.store(key_cache_ptr + blk * stride_kc_blk + off * stride_kc_pos + kh * stride_kc_h + dd,
+                 k.to(key_cache_ptr.dtype.element_ty), mask=m)
+        tl.store(value_cache_ptr + blk * stride_vc_blk + off * stride_vc_pos + kh * stride_vc_h + dd,
+                 v.to(value_cache_ptr.dtype.element_ty), mask=m)
+
+
+def rotary_write_kv_triton(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    return_key: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """See ``rotary_write_kv_reference``: the rotated queries ``(T, heads, D)`` and keys (empty unless
+    ``return_key``); keys and values written in place."""
+    T, H, D = query.shape
+    KVH = key.shape[1]
+    out = torch.empty((T, H, D), dtype=query.dtype, device=query.device)
+    key_out = torch.empty((T, KVH, D) if return_key else (0,), dtype=key.dtype, device=key.device)
+    if T == 0:
+        return out, key_out
+    query, key, value, cos, sin = (x if x.stride(-1) == 1 else x.contiguous() for x in (query, key, value, cos, sin))
+    assert key_cache.stride(-1) == 1 and value_cache.stride(-1) == 1, "caches need a contiguous head_dim"
+    _rotary_write_kv_kernel[(T,)](
+        query, key, value, cos, sin, out, key_out, key_cache, value_cache, slot_mapping,
+        H, KVH, D, key_cache.shape[1],
+        query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        cos.stride(0), sin.stride(0), out.stride(0), out.stride(1),
+        KVH * D if return_key else 0, D if return_key else 0, key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        BLOCK_H=triton.next_power_of_2(H), BLOCK_KVH=triton.next_power_of_2(KVH), BLOCK_D=triton.next_power_of_2(D),
+        STORE_K=return_key, num_warps=4 if H * D >= 1024 else 1, **pdl_launch(query.device),
+    )
+    return out, key_out

@@ -1,0 +1,100 @@
+"""Llama-family attention in the runner's compiled copy: rotary, K/V write and attention after one graph break.
+
+transformers' attention modules rotate q and k inside the compiled region (Inductor: a kernel for q, one for k)
+and hand them to the paged attention function, which writes K/V (a third kernel) and attends. In the compiled copy
+(``compiled_regions.py``) the attention modules of the classes below run ``forward`` here instead: the projections
+(and Qwen3's q/k norms) as the model computes them, then ``cache.paged_rotary_attention`` with the keys not yet
+rotated, where a decode or verify step rotates both and writes K/V in one launch (``kernels.rotary_write_kv``),
+and the output projection. What the layer computes is the model's own (``tests/test_rotary_attention.py``: equal
+to the model's paged logits). The user's modules are not changed: the copy's attention modules are shallow copies
+of another class.
+
+Only these classes, by exact type (a subclass may compute something else), whose rotary is the ``rotate_half``
+one over the whole head: Llama, Mistral, Qwen2, Qwen3. Anything else keeps its own forward; so does a module
+with hooks (accelerate's device placement) or sharded weights (a tensor-parallel plan), and a call without the
+runner's paged batch (the model's own forward runs).
+"""
+from __future__ import annotations
+
+import copy
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from ..cache import PAGED_BATCH_KWARG, paged_rotary_attention
+
+
+def _window_of_config(module) -> Optional[int]:
+    return getattr(module.config, "sliding_window", None)
+
+
+def _window_of_layer(module) -> Optional[int]:
+    return module.sliding_window
+
+
+def _supported() -> dict[type, tuple[Callable, bool]]:
+    """attention class -> (its sliding window, whether it norms q and k per head before the rotary)."""
+    from transformers.models.llama.modeling_llama import LlamaAttention
+    from transformers.models.mistral.modeling_mistral import MistralAttention
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2Attention
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention
+
+    return {LlamaAttention: (lambda module: None, False), MistralAttention: (_window_of_config, False),
+            Qwen2Attention: (_window_of_layer, False), Qwen3Attention: (_window_of_layer, True)}
+
+
+_SUPPORTED: Optional[dict] = None
+_SUBCLASSES: dict[type, type] = {}
+
+
+def rotary_attention_copy(module: nn.Module) -> nn.Module:
+    """A shallow copy of ``module`` in which every supported attention module runs ``_forward`` (copies along the
+    path to each; ``module`` itself when none is supported)."""
+    replaced = {name: rotary_attention_copy(child) for name, child in module.named_children()}
+    replaced = {name: child for name, child in replaced.items() if child is not module._modules[name]}
+    cls = _subclass(module)
+    if not replaced and cls is None:
+        return module
+    new = copy.copy(module)
+    new._modules = dict(module._modules)
+    new._modules.update(replaced)
+    if cls is not None:
+        new.__class__ = cls
+    return new
+
+
+def _subclass(module: nn.Module) -> Optional[type]:
+    """The rotary class for a supported, plain attention module; else None."""
+    global _SUPPORTED
+    if _SUPPORTED is None:
+        _SUPPORTED = _supported()
+    spec = _SUPPORTED.get(type(module))
+    if spec is None or module._forward_hooks or module._forward_pre_hooks or hasattr(module, "_hf_hook"):
+        return None
+    if any(type(p.data) is not torch.Tensor for p in module.parameters()):
+        return None  # sharded (DTensor) or quantised weights: the model's own forward
+    base = type(module)
+    if base not in _SUBCLASSES:
+        window, qk_norm = spec
+        _SUBCLASSES[base] = type(f"Rotary{base.__name__}", (base,), {
+            "forward": _forward, "_paged_window": staticmethod(window), "_paged_qk_norm": qk_norm})
+    return _SUBCLASSES[base]
+
+
+def _forward(self, hidden_states, *args, **kwargs):
+    batch = kwargs.get(PAGED_BATCH_KWARG)
+    position_embeddings = kwargs.get("position_embeddings", args[0] if args else None)
+    if batch is None or position_embeddings is None or position_embeddings[0].shape[-1] != self.head_dim:
+        # not the runner's paged forward, or a rotary over part of the head: the model's own forward
+        return super(type(self), self).forward(hidden_states, *args, **kwargs)
+    tokens = hidden_states.shape[1]  # a batch of one: the step's packed tokens
+    shape = (tokens, -1, self.head_dim)
+    q = self.q_proj(hidden_states).view(shape)
+    k = self.k_proj(hidden_states).view(shape)
+    v = self.v_proj(hidden_states).view(shape)
+    if self._paged_qk_norm:
+        q, k = self.q_norm(q), self.k_norm(k)
+    cos, sin = position_embeddings
+    out = paged_rotary_attention(self, q, k, v, cos[0], sin[0], self.scaling, self._paged_window(self), batch)
+    return self.o_proj(out.reshape(1, tokens, -1)), None

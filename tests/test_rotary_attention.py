@@ -1,0 +1,94 @@
+"""The compiled copy's Llama-family attention (runner/rotary_attention.py): rotary and K/V write in one op.
+
+The copy's attention modules of Llama, Mistral, Qwen2 and Qwen3 hand their keys over before the rotary; a step's
+logits through the copy equal the model's own paged logits bit for bit in fp32 (prompts from position 0, decode
+and verify steps, sliding windows, GQA, Qwen3's q/k norms), the caches hold the same keys and values, the user's
+modules are untouched, other families and hooked modules keep their own forward, and a call without the runner's
+batch runs the model's own attention.
+"""
+import dataclasses
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from cache_models import build_model
+from hf_specdec.cache import PagedKVCache, paged_attention_enabled, paged_forward
+from hf_specdec.runner.rotary_attention import rotary_attention_copy
+
+
+def _qwen3():
+    cfg = Qwen3Config(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=32, max_position_embeddings=128, use_sliding_window=True,
+                      sliding_window=6, max_window_layers=1)
+    torch.manual_seed(0)
+    return Qwen3ForCausalLM(cfg).eval()
+
+
+def _model(family):
+    return _qwen3() if family == "qwen3" else build_model(family)
+
+
+def _attention_classes(model):
+    return [type(m).__name__ for m in model.modules() if type(m).__name__.endswith("Attention")]
+
+
+@torch.no_grad()
+def _steps(model, call, seed=0):
+    """Logits of a prompt (two rows from position 0), then verify and decode steps on that cache; and the cache."""
+    gen = torch.Generator().manual_seed(seed)
+    cache = PagedKVCache(48, 4, 4, 64, torch.device("cpu"))
+    rows = torch.tensor(cache.add_sequences(2))
+    cache.reserve(rows.tolist(), [40, 40])
+    out, lens = [], torch.tensor([0, 0])
+    with paged_attention_enabled(model):
+        for q in (7, 3, 1, 1, 4):
+            step = cache.batch(rows, lens, torch.tensor([q, q]), q, 2 * q)
+            if q == 7:  # a prompt read from position 0: the model's own attention over each row's span
+                step = dataclasses.replace(step, fresh=((0, 7), (7, 14)))
+            ids = torch.randint(3, 90, (2 * q,), generator=gen)
+            out.append(paged_forward(model, ids, step, None, call=call))
+            lens = lens + q
+    return out, cache
+
+
+@pytest.mark.parametrize("family", ["llama_gqa", "mistral_sliding8", "qwen2_sliding", "qwen3"])
+def test_the_copy_computes_the_models_own_paged_logits(family, monkeypatch):
+    import hf_specdec.cache.attention as attention
+
+    fused_calls = []
+    op = attention.rotary_write_kv
+    monkeypatch.setattr(attention, "rotary_write_kv", lambda *a: fused_calls.append(a[0].shape) or op(*a))
+    model = _model(family)
+    before = _attention_classes(model)
+    copy = rotary_attention_copy(model)
+    assert all(name.startswith("Rotary") for name in _attention_classes(copy)), _attention_classes(copy)
+    assert _attention_classes(model) == before  # the user's modules are untouched
+    got, got_cache = _steps(model, copy)
+    layers = model.config.num_hidden_layers
+    heads, dim = model.config.num_attention_heads, copy.model.layers[0].self_attn.head_dim
+    # every step in every layer, the prompt's included
+    assert fused_calls == [(2 * q, heads, dim) for q in (7, 3, 1, 1, 4) for _ in range(layers)]
+    want, want_cache = _steps(model, None)
+    for step, (g, w) in enumerate(zip(got, want)):
+        assert torch.equal(g, w), (family, step, (g - w).abs().max())
+    for layer in want_cache.key_pools:
+        assert torch.equal(got_cache.key_pools[layer], want_cache.key_pools[layer])
+        assert torch.equal(got_cache.value_pools[layer], want_cache.value_pools[layer])
+
+
+def test_other_families_and_hooked_modules_keep_their_forward():
+    gpt2 = build_model("gpt2")
+    assert rotary_attention_copy(gpt2) is gpt2
+    llama = build_model("llama_gqa")
+    llama.model.layers[0].self_attn.register_forward_hook(lambda *a: None)
+    names = _attention_classes(rotary_attention_copy(llama))
+    assert names[0] == "LlamaAttention" and all(n == "RotaryLlamaAttention" for n in names[1:]), names
+
+
+@torch.no_grad()
+def test_a_call_without_the_paged_batch_runs_the_models_own_attention():
+    model = build_model("llama_gqa")
+    copy = rotary_attention_copy(model)
+    ids = torch.randint(3, 90, (2, 9))
+    torch.testing.assert_close(copy(input_ids=ids).logits, model(input_ids=ids).logits, rtol=0, atol=0)
