@@ -122,7 +122,7 @@ def _draft_spy(monkeypatch, draft, events):
     original = type(draft).forward
 
     def spy(self, *args, **kwargs):
-        if self is draft:
+        if self.lm_head is draft.lm_head:  # the draft, or the runner's shallow copy of it (runner/paged_model.py)
             events.append(("draft", 0))
         return original(self, *args, **kwargs)
 

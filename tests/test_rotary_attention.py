@@ -92,3 +92,31 @@ def test_a_call_without_the_paged_batch_runs_the_models_own_attention():
     copy = rotary_attention_copy(model)
     ids = torch.randint(3, 90, (2, 9))
     torch.testing.assert_close(copy(input_ids=ids).logits, model(input_ids=ids).logits, rtol=0, atol=0)
+
+
+@torch.no_grad()
+def test_generate_runs_the_fused_step_and_sees_a_replaced_module(monkeypatch):
+    """Through ``generate()`` without compile (the CPU path, and GPU calls before or without compile) the runner's
+    copy rotates and writes K/V in one op in every layer, its output stays the target's greedy one, and a module
+    replaced between calls (new weights) is in the next call's copy."""
+    import hf_specdec
+    import hf_specdec.cache.attention as attention
+    from models import left_padded_prompts, make_draft, make_model
+
+    calls = []
+    op = attention.rotary_write_kv
+    monkeypatch.setattr(attention, "rotary_write_kv", lambda *a: calls.append(a[0].shape[0]) or op(*a))
+    target = hf_specdec.enable(make_model("llama", seed=0))
+    draft = make_draft(target, "mix")
+    ids, mask = left_padded_prompts(3, seed=2)
+    kw = dict(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=10, pad_token_id=0)
+    spec = hf_specdec.SpecConfig(num_speculative_tokens=3, adaptive=False)
+    before = target.generate(**kw)
+    assert torch.equal(target.generate(**kw, assistant_model=draft, spec_config=spec), before)
+    assert len(calls) >= 2 * target.config.num_hidden_layers  # prefill and rounds, every layer
+    old = target.model.layers[1].self_attn
+    new = type(old)(target.config, 1).eval()  # fresh random weights
+    target.model.layers[1].self_attn = new
+    want = target.generate(**kw)
+    assert not torch.equal(want, before)  # a stale copy would still give ``before``
+    assert torch.equal(target.generate(**kw, assistant_model=draft, spec_config=spec), want)

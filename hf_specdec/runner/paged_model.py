@@ -14,15 +14,19 @@ from transformers import PreTrainedModel
 
 from .. import kernels
 from ..cache import PagedBatch, PagedKVCache, paged_forward
+from .rotary_attention import rotary_attention_copy
 
 
 class PagedModel:
     def __init__(self, model: PreTrainedModel, cache: PagedKVCache, vocab_size: int,
-                 call: Optional[Callable] = None):
+                 call: Optional[Callable] = None, plain: Optional[PreTrainedModel] = None):
         self.model = model
         self.cache = cache
         self.vocab_size = vocab_size
         self.call = call  # a compiled model, or None for the model itself
+        # what runs where nothing compiled does (prefills, eager one-offs, every forward without compile): the
+        # model with its Llama-family attention rotating and writing K/V in one launch (rotary_attention.py)
+        self.plain = plain if plain is not None else model
 
     @property
     def reads_hidden(self) -> bool:
@@ -34,7 +38,7 @@ class PagedModel:
                 features: Optional[torch.Tensor] = None, rows: Optional[torch.Tensor] = None):
         """``input_ids``/``positions`` ``(B*q,)``, row b's tokens at ``[b*q, (b+1)*q)``; ``seq_lens`` ``(B,)``
         lengths after the step. Returns fp32 logits ``(B, V)`` of each row's last token, or ``(B*q, V)``.
-        ``eager``: the model itself even when compiled (an odd one-off shape would recompile it).
+        ``eager``: the model uncompiled even when compiled (an odd one-off shape would recompile it).
         ``hidden`` (a target) or ``features`` ``(B*q, H)`` (a draft head): returns ``(logits, hidden states of every
         token (B*q, H))`` (``cache.paged_forward``). ``rows``: the token indices whose logits to compute instead."""
         block_size = self.cache.block_size
@@ -42,10 +46,27 @@ class PagedModel:
         batch = PagedBatch(self.cache, tables, lens, query_start_loc, slots, positions, q)
         if rows is None and last_only and q > 1:
             rows = last  # else every token's logits are read: no gather (one token a row: the last is every one)
-        out = paged_forward(self.model, input_ids, batch, rows, None if eager else self.call, hidden, features)
+        call = self.plain if eager or self.call is None else self.call
+        out = paged_forward(self.model, input_ids, batch, rows, call, hidden, features)
         if isinstance(out, tuple):
             return align_vocab(out[0], self.vocab_size), out[1]
         return align_vocab(out, self.vocab_size)
+
+
+def paged_models(models: dict, caches: dict, vocab_size: int, compiled: dict, plain_copies: dict,
+                 signature: int) -> dict[str, PagedModel]:
+    """A ``PagedModel`` per name of ``models``; ``compiled``: name -> compiled callable (where the call compiles).
+    ``plain_copies`` (kept by the caller across calls): name -> (``signature``, the model's rotary-attention copy,
+    the model), made again when the models' signature (their modules and tensors) changed or the model's own
+    ``forward`` was replaced on the instance (a wrapper or a spy set after the copy was made: the copy calls it)."""
+    out = {}
+    for name, model in models.items():
+        kept = plain_copies.get(name)
+        if kept is None or kept[0] != signature or kept[2] is not model or \
+                kept[1].__dict__.get("forward") is not model.__dict__.get("forward"):
+            kept = plain_copies[name] = (signature, rotary_attention_copy(model), model)
+        out[name] = PagedModel(model, caches[name], vocab_size, compiled.get(name), kept[1])
+    return out
 
 
 def feature_layout(target: PreTrainedModel) -> tuple[int, torch.dtype]:

@@ -220,9 +220,9 @@ def _forward(pm, inputs: PrefillInputs, mp: ModelPrefill, Q: int, features: Opti
         batch = PagedBatch(pm.cache, mp.tables, inputs.seq_lens, inputs.query_start_loc, mp.slots,
                            inputs.positions, Q, fresh)
         if features is not None:  # a draft head: its K/V only (the first round reads the last pair)
-            paged_forward(pm.model, mp.input_ids, batch, inputs.last[:0], features=features)
+            paged_forward(pm.model, mp.input_ids, batch, inputs.last[:0], call=pm.plain, features=features)
             return
-        out = paged_forward(pm.model, inputs.input_ids, batch, inputs.last, hidden=mp.hidden is not None)
+        out = paged_forward(pm.model, inputs.input_ids, batch, inputs.last, call=pm.plain, hidden=mp.hidden is not None)
         if mp.hidden is not None:
             out, hidden = out
             mp.hidden.copy_(hidden)
@@ -249,9 +249,9 @@ def eager_prefill(models: dict, batch, rows: list[int], lens: list[int], skip: t
         last = step.query_start_loc[1:].long() - 1
         if pm.reads_hidden:  # a draft head: (feature, next token) pairs; a row's last token writes no K/V
             step.slot_mapping = step.slot_mapping.index_fill(0, last, -1)
-            paged_forward(pm.model, input_ids.roll(-1), step, last[:0], features=hidden)
+            paged_forward(pm.model, input_ids.roll(-1), step, last[:0], call=pm.plain, features=hidden)
             continue
-        logits = paged_forward(pm.model, input_ids, step, last, hidden=head and name == "target")
+        logits = paged_forward(pm.model, input_ids, step, last, call=pm.plain, hidden=head and name == "target")
         if name == "target":
             if head:
                 logits, hidden = logits

@@ -1,13 +1,15 @@
-"""Llama-family attention in the runner's compiled copy: rotary, K/V write and attention after one graph break.
+"""Llama-family attention in the runner's copies of a model: rotary, K/V write and attention in one place.
 
-transformers' attention modules rotate q and k inside the compiled region (Inductor: a kernel for q, one for k)
-and hand them to the paged attention function, which writes K/V (a third kernel) and attends. In the compiled copy
-(``compiled_regions.py``) the attention modules of the classes below run ``forward`` here instead: the projections
-(and Qwen3's q/k norms) as the model computes them, then ``cache.paged_rotary_attention`` with the keys not yet
-rotated, where a decode or verify step rotates both and writes K/V in one launch (``kernels.rotary_write_kv``),
-and the output projection. What the layer computes is the model's own (``tests/test_rotary_attention.py``: equal
-to the model's paged logits). The user's modules are not changed: the copy's attention modules are shallow copies
-of another class.
+transformers' attention modules rotate q and k (eagerly: about a dozen small kernels a layer; compiled: one
+Inductor kernel for q, one for k) and hand them to the paged attention function, which writes K/V (one more
+kernel) and attends. In the runner's copies of a model, the attention modules of the classes below run
+``forward`` here instead: the projections (and Qwen3's q/k norms) as the model computes them, then
+``cache.paged_rotary_attention`` with q and k not yet rotated, which rotates both and writes K/V in one launch
+(``kernels.rotary_write_kv``), and the output projection. Two copies use it: the one every uncompiled forward runs
+(prefills, and every round where nothing is compiled: ``paged_model.paged_models``) and the compiled one
+(``compiled_regions.py``). What a layer computes is the model's own (``tests/test_rotary_attention.py``: equal to
+the model's paged logits bit for bit in fp32). The user's modules are not changed: the copies' attention modules
+are shallow copies of another class, along a path of shallow copies.
 
 Only these classes, by exact type (a subclass may compute something else), whose rotary is the ``rotate_half``
 one over the whole head: Llama, Mistral, Qwen2, Qwen3. Anything else keeps its own forward; so does a module

@@ -29,7 +29,7 @@ from .background_compile import BackgroundCompile, compile_job
 from .bucket_state import BucketState, RowAtSync, bucket_for, eos_width
 from .fused_projections import shared_projections
 from .graphs import StageGraph
-from .paged_model import PagedModel, feature_layout
+from .paged_model import feature_layout, paged_models
 from .prefill import FixedPrefill, eager_prefill
 from .runner_slots import RunnerKey, RunnerSlots, Slot, capacity, history_width, models_signature
 
@@ -49,6 +49,7 @@ class SpecRunner:
         self.prefills = FixedPrefill()  # fixed-shape prefill buffers and graphs (prefill.py)
         self.fixed_prefill = True
         self.compiling: dict[str, BackgroundCompile] = {}  # per model: its compiled code, made off the call's path
+        self.plain_copies: dict[str, tuple] = {}  # per model: its uncompiled paged copy (paged_model.paged_models)
         self.compile_asked = False  # this call wants compiled models
         self.warmup_seconds = 0.0
         self.draft_behind = 0  # tokens (rounds of k = 0, or whole rows) the draft model has not read yet
@@ -119,9 +120,8 @@ class SpecRunner:
             cache.add_sequences(1)  # row 0: the scratch sequence of padding rows
             cache.reserve([0], [scratch_tokens])
             cache.add_sequences(batch.size)  # blocks as each row starts: row_blocks.reserve_rows
-        self.models = {name: PagedModel(model, self.caches[name], vocab,
-                                        self.compiling[name].compiled if compiled else None)
-                       for name, model in models.items()}
+        self.models = paged_models(models, self.caches, vocab, {n: self.compiling[n].compiled for n in models}
+                                   if compiled else {}, self.plain_copies, key.models)
         self.fixed_prefill = fixed_prefill and all(same_device(pm.cache.device, batch.device)
                                                    for pm in self.models.values())
         prepare = getattr(spec.logits, "prepare", None)
