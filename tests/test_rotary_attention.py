@@ -1,10 +1,11 @@
-"""The compiled copy's Llama-family attention (runner/rotary_attention.py): rotary and K/V write in one op.
+"""The runner's copies of Llama-family models: rotary and K/V write in one op (runner/rotary_attention.py, both
+copies), RMSNorm in one op (runner/fused_norm.py, the uncompiled copy of runner/paged_model.py).
 
-The copy's attention modules of Llama, Mistral, Qwen2 and Qwen3 hand their keys over before the rotary; a step's
-logits through the copy equal the model's own paged logits bit for bit in fp32 (prompts from position 0, decode
+The copies' attention modules of Llama, Mistral, Qwen2 and Qwen3 hand their keys over before the rotary; a step's
+logits through a copy equal the model's own paged logits bit for bit in fp32 (prompts from position 0, decode
 and verify steps, sliding windows, GQA, Qwen3's q/k norms), the caches hold the same keys and values, the user's
 modules are untouched, other families and hooked modules keep their own forward, and a call without the runner's
-batch runs the model's own attention.
+batch runs the model's own attention; generate() runs the fused ops and sees a module replaced between calls.
 """
 import dataclasses
 
@@ -14,6 +15,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from cache_models import build_model
 from hf_specdec.cache import PagedKVCache, paged_attention_enabled, paged_forward
+from hf_specdec.runner.paged_model import uncompiled_copy
 from hf_specdec.runner.rotary_attention import rotary_attention_copy
 
 
@@ -31,6 +33,10 @@ def _model(family):
 
 def _attention_classes(model):
     return [type(m).__name__ for m in model.modules() if type(m).__name__.endswith("Attention")]
+
+
+def _norm_classes(model):
+    return [type(m).__name__ for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
 
 
 @torch.no_grad()
@@ -53,17 +59,21 @@ def _steps(model, call, seed=0):
 
 
 @pytest.mark.parametrize("family", ["llama_gqa", "mistral_sliding8", "qwen2_sliding", "qwen3"])
-def test_the_copy_computes_the_models_own_paged_logits(family, monkeypatch):
+@pytest.mark.parametrize("which", ["compiled", "uncompiled"])
+def test_the_copy_computes_the_models_own_paged_logits(family, which, monkeypatch):
     import hf_specdec.cache.attention as attention
 
     fused_calls = []
     op = attention.rotary_write_kv
     monkeypatch.setattr(attention, "rotary_write_kv", lambda *a: fused_calls.append(a[0].shape) or op(*a))
     model = _model(family)
-    before = _attention_classes(model)
-    copy = rotary_attention_copy(model)
+    before = _attention_classes(model), _norm_classes(model)
+    copy = rotary_attention_copy(model) if which == "compiled" else uncompiled_copy(model)
     assert all(name.startswith("Rotary") for name in _attention_classes(copy)), _attention_classes(copy)
-    assert _attention_classes(model) == before  # the user's modules are untouched
+    norms = _norm_classes(copy)  # the compiled copy leaves them to Inductor (it fuses the residual add into them)
+    assert len(norms) >= 2 * model.config.num_hidden_layers + 1
+    assert all(name.startswith("Fused") == (which == "uncompiled") for name in norms), norms
+    assert (_attention_classes(model), _norm_classes(model)) == before  # the user's modules are untouched
     got, got_cache = _steps(model, copy)
     layers = model.config.num_hidden_layers
     heads, dim = model.config.num_attention_heads, copy.model.layers[0].self_attn.head_dim
@@ -79,7 +89,7 @@ def test_the_copy_computes_the_models_own_paged_logits(family, monkeypatch):
 
 def test_other_families_and_hooked_modules_keep_their_forward():
     gpt2 = build_model("gpt2")
-    assert rotary_attention_copy(gpt2) is gpt2
+    assert rotary_attention_copy(gpt2) is gpt2 and uncompiled_copy(gpt2) is gpt2
     llama = build_model("llama_gqa")
     llama.model.layers[0].self_attn.register_forward_hook(lambda *a: None)
     names = _attention_classes(rotary_attention_copy(llama))
@@ -103,9 +113,12 @@ def test_generate_runs_the_fused_step_and_sees_a_replaced_module(monkeypatch):
     import hf_specdec.cache.attention as attention
     from models import left_padded_prompts, make_draft, make_model
 
-    calls = []
-    op = attention.rotary_write_kv
+    import hf_specdec.runner.fused_norm as fused_norm
+
+    calls, norms = [], []
+    op, norm = attention.rotary_write_kv, fused_norm.rms_norm
     monkeypatch.setattr(attention, "rotary_write_kv", lambda *a: calls.append(a[0].shape[0]) or op(*a))
+    monkeypatch.setattr(fused_norm, "rms_norm", lambda *a: norms.append(1) or norm(*a))
     target = hf_specdec.enable(make_model("llama", seed=0))
     draft = make_draft(target, "mix")
     ids, mask = left_padded_prompts(3, seed=2)
@@ -114,6 +127,7 @@ def test_generate_runs_the_fused_step_and_sees_a_replaced_module(monkeypatch):
     before = target.generate(**kw)
     assert torch.equal(target.generate(**kw, assistant_model=draft, spec_config=spec), before)
     assert len(calls) >= 2 * target.config.num_hidden_layers  # prefill and rounds, every layer
+    assert len(norms) >= 2 * (2 * target.config.num_hidden_layers + 1)
     old = target.model.layers[1].self_attn
     new = type(old)(target.config, 1).eval()  # fresh random weights
     target.model.layers[1].self_attn = new

@@ -1,7 +1,7 @@
 """Kernels of a speculative round, each a Triton kernel beside a torch reference of the same signature.
 
-``rejection_sample``, ``typical_accept``, ``write_kv_to_slots``, ``rotary_write_kv``, ``paged_attention``,
-``decode_linear``, ``commit_round``, ``step_metadata`` and ``ngram_drafts`` call the
+``rejection_sample``, ``typical_accept``, ``write_kv_to_slots``, ``rotary_write_kv``, ``rms_norm``,
+``paged_attention``, ``decode_linear``, ``commit_round``, ``step_metadata`` and ``ngram_drafts`` call the
 custom ops of ``ops.py`` (``torch.ops.hf_specdec.*``): Triton on CUDA tensors, the reference
 elsewhere, one opaque node each under ``torch.compile``. The samplers' random numbers are drawn
 here, outside the ops (custom ops cannot take generators). Nothing here reads tensor values:
@@ -21,6 +21,7 @@ from .ngram_lookup import ngram_drafts as ngram_drafts_torch
 from .ngram_lookup import ngram_drafts_reference
 from .paged_attention_reference import paged_attention_reference, write_kv_to_slots_reference
 from .rejection_sampler_reference import PLACEHOLDER_TOKEN_ID, rejection_sample_reference
+from .rms_norm_reference import rms_norm_reference
 from .rotary_write_kv_reference import rotary_write_kv_reference
 from .sampling_noise import draw_acceptance_noise, greedy_noise_placeholders
 from .step_metadata_reference import slots_of, step_metadata_reference
@@ -100,6 +101,12 @@ def rotary_write_kv(query, key, value, cos, sin, key_cache, value_cache, slot_ma
     return ops.rotary_write_kv_op(query, key, value, cos, sin, key_cache, value_cache, slot_mapping, bool(return_key))
 
 
+def rms_norm(x, weight, eps) -> torch.Tensor:
+    """transformers' Llama-family RMSNorm of ``x`` ``(..., H)`` with ``weight`` ``(H,)``: one launch on CUDA
+    (``rms_norm_triton.py``) where eagerly it is seven."""
+    return ops.rms_norm_op(x, weight, _float(eps))
+
+
 def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
                     max_query_len, scale, sliding_window=None, softcap=None) -> torch.Tensor:
     """Causal attention of packed ragged queries over the paged caches; ``(T, heads, head_dim)``."""
@@ -153,6 +160,8 @@ __all__ = [
     "paged_attention_reference",
     "rejection_sample",
     "rejection_sample_reference",
+    "rms_norm",
+    "rms_norm_reference",
     "rotary_write_kv",
     "rotary_write_kv_reference",
     "slots_of",

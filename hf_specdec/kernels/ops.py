@@ -28,6 +28,7 @@ from .decode_linear_reference import decode_linear_reference
 from .ngram_lookup import ngram_drafts
 from .paged_attention_reference import paged_attention_reference, write_kv_to_slots_reference
 from .rejection_sampler_reference import rejection_sample_reference
+from .rms_norm_reference import rms_norm_reference
 from .rotary_write_kv_reference import rotary_write_kv_reference
 from .step_metadata_reference import step_metadata_reference
 from .typical_acceptance_reference import typical_accept_reference
@@ -117,6 +118,16 @@ def rotary_write_kv_op(query: Tensor, key: Tensor, value: Tensor, cos: Tensor, s
 def _(query, key, value, cos, sin, key_cache, value_cache, slot_mapping, return_key):
     # both implementations return contiguous tensors
     return query.new_empty(query.shape), key.new_empty(key.shape if return_key else (0,))
+
+
+@torch.library.custom_op("hf_specdec::rms_norm", mutates_args=())
+def rms_norm_op(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return _impl(x, "rms_norm_triton", "rms_norm_triton", rms_norm_reference)(x, weight, eps)
+
+
+@rms_norm_op.register_fake
+def _(x, weight, eps):
+    return x.new_empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype))
 
 
 @torch.library.custom_op("hf_specdec::paged_attention", mutates_args=())

@@ -14,7 +14,9 @@ from transformers import PreTrainedModel
 
 from .. import kernels
 from ..cache import PagedBatch, PagedKVCache, paged_forward
-from .rotary_attention import rotary_attention_copy
+from .fused_norm import norm_class
+from .module_copies import copy_with
+from .rotary_attention import rotary_class
 
 
 class PagedModel:
@@ -25,7 +27,7 @@ class PagedModel:
         self.vocab_size = vocab_size
         self.call = call  # a compiled model, or None for the model itself
         # what runs where nothing compiled does (prefills, eager one-offs, every forward without compile): the
-        # model with its Llama-family attention rotating and writing K/V in one launch (rotary_attention.py)
+        # model with fewer launches in its Llama-family layers (uncompiled_copy)
         self.plain = plain if plain is not None else model
 
     @property
@@ -56,7 +58,7 @@ class PagedModel:
 def paged_models(models: dict, caches: dict, vocab_size: int, compiled: dict, plain_copies: dict,
                  signature: int) -> dict[str, PagedModel]:
     """A ``PagedModel`` per name of ``models``; ``compiled``: name -> compiled callable (where the call compiles).
-    ``plain_copies`` (kept by the caller across calls): name -> (``signature``, the model's rotary-attention copy,
+    ``plain_copies`` (kept by the caller across calls): name -> (``signature``, the model's ``uncompiled_copy``,
     the model), made again when the models' signature (their modules and tensors) changed or the model's own
     ``forward`` was replaced on the instance (a wrapper or a spy set after the copy was made: the copy calls it)."""
     out = {}
@@ -64,9 +66,15 @@ def paged_models(models: dict, caches: dict, vocab_size: int, compiled: dict, pl
         kept = plain_copies.get(name)
         if kept is None or kept[0] != signature or kept[2] is not model or \
                 kept[1].__dict__.get("forward") is not model.__dict__.get("forward"):
-            kept = plain_copies[name] = (signature, rotary_attention_copy(model), model)
+            kept = plain_copies[name] = (signature, uncompiled_copy(model), model)
         out[name] = PagedModel(model, caches[name], vocab_size, compiled.get(name), kept[1])
     return out
+
+
+def uncompiled_copy(model: PreTrainedModel) -> PreTrainedModel:
+    """The copy of ``model`` that its uncompiled paged forwards run: Llama-family attention rotating and writing
+    K/V in one launch (``rotary_attention.py``) and RMSNorm in one launch (``fused_norm.py``)."""
+    return copy_with(model, lambda module: rotary_class(module) or norm_class(module))
 
 
 def feature_layout(target: PreTrainedModel) -> tuple[int, torch.dtype]:

@@ -18,13 +18,12 @@ runner's paged batch (the model's own forward runs).
 """
 from __future__ import annotations
 
-import copy
 from typing import Callable, Optional
 
-import torch
 from torch import nn
 
 from ..cache import PAGED_BATCH_KWARG, paged_rotary_attention
+from .module_copies import copy_with, plain, subclass
 
 
 def _window_of_config(module) -> Optional[int]:
@@ -50,38 +49,22 @@ _SUPPORTED: Optional[dict] = None
 _SUBCLASSES: dict[type, type] = {}
 
 
-def rotary_attention_copy(module: nn.Module) -> nn.Module:
-    """A shallow copy of ``module`` in which every supported attention module runs ``_forward`` (copies along the
-    path to each; ``module`` itself when none is supported)."""
-    replaced = {name: rotary_attention_copy(child) for name, child in module.named_children()}
-    replaced = {name: child for name, child in replaced.items() if child is not module._modules[name]}
-    cls = _subclass(module)
-    if not replaced and cls is None:
-        return module
-    new = copy.copy(module)
-    new._modules = dict(module._modules)
-    new._modules.update(replaced)
-    if cls is not None:
-        new.__class__ = cls
-    return new
+def rotary_attention_copy(model: nn.Module) -> nn.Module:
+    """A shallow copy of ``model`` in which every supported attention module runs ``_forward``."""
+    return copy_with(model, rotary_class)
 
 
-def _subclass(module: nn.Module) -> Optional[type]:
+def rotary_class(module: nn.Module) -> Optional[type]:
     """The rotary class for a supported, plain attention module; else None."""
     global _SUPPORTED
     if _SUPPORTED is None:
         _SUPPORTED = _supported()
     spec = _SUPPORTED.get(type(module))
-    if spec is None or module._forward_hooks or module._forward_pre_hooks or hasattr(module, "_hf_hook"):
+    if spec is None or not plain(module):
         return None
-    if any(type(p.data) is not torch.Tensor for p in module.parameters()):
-        return None  # sharded (DTensor) or quantised weights: the model's own forward
-    base = type(module)
-    if base not in _SUBCLASSES:
-        window, qk_norm = spec
-        _SUBCLASSES[base] = type(f"Rotary{base.__name__}", (base,), {
-            "forward": _forward, "_paged_window": staticmethod(window), "_paged_qk_norm": qk_norm})
-    return _SUBCLASSES[base]
+    window, qk_norm = spec
+    return subclass(type(module), "Rotary", {"forward": _forward, "_paged_window": staticmethod(window),
+                                             "_paged_qk_norm": qk_norm}, _SUBCLASSES)
 
 
 def _forward(self, hidden_states, *args, **kwargs):
