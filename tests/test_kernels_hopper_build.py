@@ -1,11 +1,11 @@
 """Triton kernels compile for a Hopper GPU (sm_90: cubin through the wheel's ptxas), with no GPU: those not yet run
 on a GPU when they were written (the round's commit, step metadata, prompt lookup, the rotary + K/V write,
-RMSNorm), and the layer kernels' programmatic dependent launch variants (``USE_PDL``: the GEMV, the K/V write, the
-attention and its split-KV combine, the rotary + K/V write, RMSNorm).
+RMSNorm, SiLU·up), and the layer kernels' programmatic dependent launch variants (``USE_PDL``: the GEMV, the K/V
+write, the attention and its split-KV combine, the rotary + K/V write, RMSNorm, SiLU·up).
 
 CPU tests run the kernels under Triton's interpreter, which executes their Python but never lowers them; a
 construct the compiler refuses would first fail on a GPU. This builds every variant the runner can launch
-(commit: both run widths; step metadata; prompt lookup; rotary + K/V write; RMSNorm; the PDL variants) in a process
+(commit: both run widths; step metadata; prompt lookup; rotary + K/V write; RMSNorm; SiLU·up; the PDL variants) in a process
 without ``TRITON_INTERPRET``.
 """
 import os
@@ -71,6 +71,14 @@ kernel = triton.compile(ASTSource(fn=rn._rms_norm_kernel,
                                   constexprs=dict(BLOCK=4096, USE_PDL=False)), target=target, options=dict(num_warps=8))
 assert kernel.asm["cubin"], "no cubin"
 built += 1
+from hf_specdec.kernels import silu_mul_triton as sl
+sl_sig = dict(gate_ptr="*bf16", up_ptr="*bf16", out_ptr="*bf16", N="i32", stride_g="i32", stride_u="i32",
+              stride_o="i32")
+kernel = triton.compile(ASTSource(fn=sl._silu_mul_kernel,
+                                  signature={n: sl_sig.get(n, "constexpr") for n in sl._silu_mul_kernel.arg_names},
+                                  constexprs=dict(BLOCK=1024, USE_PDL=False)), target=target, options=dict(num_warps=4))
+assert kernel.asm["cubin"], "no cubin"
+built += 1
 from hf_specdec.kernels import decode_linear_triton as dl, paged_attention_triton as pa
 pdl = dict(options=dict(num_warps=4, launch_pdl=True))
 variants = [
@@ -96,6 +104,7 @@ variants = [
           BLOCK_D=128)),
     (rw._rotary_write_kv_kernel, rw_sig, dict(BLOCK_H=32, BLOCK_KVH=8, BLOCK_D=128, STORE_K=False)),
     (rn._rms_norm_kernel, rn_sig, dict(BLOCK=4096)),
+    (sl._silu_mul_kernel, sl_sig, dict(BLOCK=1024)),
 ]
 import triton.language as tl
 for fn, sig, constexprs in variants if hasattr(tl.extra.cuda, "gdc_wait") else []:  # an older Triton: no PDL
@@ -118,4 +127,4 @@ def test_kernels_build_for_hopper(tmp_path):
     done = subprocess.run([sys.executable, "-c", _BUILD], cwd=root, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
-    assert "built 12" in done.stdout or "built 6 (no PDL in this Triton)" in done.stdout, done.stdout
+    assert "built 14" in done.stdout or "built 7 (no PDL in this Triton)" in done.stdout, done.stdout

@@ -1,7 +1,7 @@
 """Kernels of a speculative round, each a Triton kernel beside a torch reference of the same signature.
 
 ``rejection_sample``, ``typical_accept``, ``write_kv_to_slots``, ``rotary_write_kv``, ``rms_norm``,
-``paged_attention``, ``decode_linear``, ``commit_round``, ``step_metadata`` and ``ngram_drafts`` call the
+``silu_mul``, ``paged_attention``, ``decode_linear``, ``commit_round``, ``step_metadata`` and ``ngram_drafts`` call the
 custom ops of ``ops.py`` (``torch.ops.hf_specdec.*``): Triton on CUDA tensors, the reference
 elsewhere, one opaque node each under ``torch.compile``. The samplers' random numbers are drawn
 here, outside the ops (custom ops cannot take generators). Nothing here reads tensor values:
@@ -23,6 +23,7 @@ from .paged_attention_reference import paged_attention_reference, write_kv_to_sl
 from .rejection_sampler_reference import PLACEHOLDER_TOKEN_ID, rejection_sample_reference
 from .rms_norm_reference import rms_norm_reference
 from .rotary_write_kv_reference import rotary_write_kv_reference
+from .silu_mul_reference import silu_mul_reference
 from .sampling_noise import draw_acceptance_noise, greedy_noise_placeholders
 from .step_metadata_reference import slots_of, step_metadata_reference
 from .typical_acceptance_reference import typical_accept_reference
@@ -107,6 +108,11 @@ def rms_norm(x, weight, eps) -> torch.Tensor:
     return ops.rms_norm_op(x, weight, _float(eps))
 
 
+def silu_mul(gate, up) -> torch.Tensor:
+    """``F.silu(gate) * up`` (a gated MLP's activation): one launch on CUDA (``silu_mul_triton.py``)."""
+    return ops.silu_mul_op(gate, up)
+
+
 def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
                     max_query_len, scale, sliding_window=None, softcap=None) -> torch.Tensor:
     """Causal attention of packed ragged queries over the paged caches; ``(T, heads, head_dim)``."""
@@ -164,6 +170,8 @@ __all__ = [
     "rms_norm_reference",
     "rotary_write_kv",
     "rotary_write_kv_reference",
+    "silu_mul",
+    "silu_mul_reference",
     "slots_of",
     "step_metadata",
     "step_metadata_reference",

@@ -30,6 +30,7 @@ from .paged_attention_reference import paged_attention_reference, write_kv_to_sl
 from .rejection_sampler_reference import rejection_sample_reference
 from .rms_norm_reference import rms_norm_reference
 from .rotary_write_kv_reference import rotary_write_kv_reference
+from .silu_mul_reference import silu_mul_reference
 from .step_metadata_reference import step_metadata_reference
 from .typical_acceptance_reference import typical_accept_reference
 
@@ -128,6 +129,16 @@ def rms_norm_op(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 @rms_norm_op.register_fake
 def _(x, weight, eps):
     return x.new_empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype))
+
+
+@torch.library.custom_op("hf_specdec::silu_mul", mutates_args=())
+def silu_mul_op(gate: Tensor, up: Tensor) -> Tensor:
+    return _impl(gate, "silu_mul_triton", "silu_mul_triton", silu_mul_reference)(gate, up)
+
+
+@silu_mul_op.register_fake
+def _(gate, up):
+    return gate.new_empty(gate.shape, dtype=torch.promote_types(gate.dtype, up.dtype))
 
 
 @torch.library.custom_op("hf_specdec::paged_attention", mutates_args=())

@@ -1,5 +1,5 @@
 """Shallow copies of a model in which some modules run another class's forward: the runner's own paths through
-the user's modules (``rotary_attention.py``, ``fused_norm.py``), the user's model unchanged.
+the user's modules (``rotary_attention.py``, ``eager_fusions.py``), the user's model unchanged.
 
 ``copy_with(model, swap)`` copies the modules along the path to every module ``swap`` gives a class for
 (``copy.copy``: the same parameters, buffers and hooks' dicts, a child dict of its own) and gives that copy the

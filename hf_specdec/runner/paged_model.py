@@ -14,7 +14,7 @@ from transformers import PreTrainedModel
 
 from .. import kernels
 from ..cache import PagedBatch, PagedKVCache, paged_forward
-from .fused_norm import norm_class
+from .eager_fusions import fused_class
 from .module_copies import copy_with
 from .rotary_attention import rotary_class
 
@@ -73,8 +73,8 @@ def paged_models(models: dict, caches: dict, vocab_size: int, compiled: dict, pl
 
 def uncompiled_copy(model: PreTrainedModel) -> PreTrainedModel:
     """The copy of ``model`` that its uncompiled paged forwards run: Llama-family attention rotating and writing
-    K/V in one launch (``rotary_attention.py``) and RMSNorm in one launch (``fused_norm.py``)."""
-    return copy_with(model, lambda module: rotary_class(module) or norm_class(module))
+    K/V in one launch (``rotary_attention.py``), RMSNorm and the MLP's activation in one each (``eager_fusions.py``)."""
+    return copy_with(model, lambda module: rotary_class(module) or fused_class(module))
 
 
 def feature_layout(target: PreTrainedModel) -> tuple[int, torch.dtype]:

@@ -7,7 +7,7 @@ kernel) and attends. In the runner's copies of a model, the attention modules of
 ``cache.paged_rotary_attention`` with q and k not yet rotated, which rotates both and writes K/V in one launch
 (``kernels.rotary_write_kv``), and the output projection. Two copies use it: the one every uncompiled forward runs
 (prefills, and every round where nothing is compiled: ``paged_model.paged_models``) and the compiled one
-(``compiled_regions.py``). What a layer computes is the model's own (``tests/test_rotary_attention.py``: equal to
+(``compiled_regions.py``). What a layer computes is the model's own (``tests/test_runner_copies.py``: equal to
 the model's paged logits bit for bit in fp32). The user's modules are not changed: the copies' attention modules
 are shallow copies of another class, along a path of shallow copies.
 

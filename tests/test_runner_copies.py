@@ -1,5 +1,6 @@
 """The runner's copies of Llama-family models: rotary and K/V write in one op (runner/rotary_attention.py, both
-copies), RMSNorm in one op (runner/fused_norm.py, the uncompiled copy of runner/paged_model.py).
+copies), RMSNorm and the MLP's SiLU·up in one op each (runner/eager_fusions.py, the uncompiled copy of
+runner/paged_model.py).
 
 The copies' attention modules of Llama, Mistral, Qwen2 and Qwen3 hand their keys over before the rotary; a step's
 logits through a copy equal the model's own paged logits bit for bit in fp32 (prompts from position 0, decode
@@ -36,7 +37,7 @@ def _attention_classes(model):
 
 
 def _norm_classes(model):
-    return [type(m).__name__ for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
+    return [type(m).__name__ for m in model.modules() if type(m).__name__.endswith(("RMSNorm", "MLP"))]
 
 
 @torch.no_grad()
@@ -70,8 +71,8 @@ def test_the_copy_computes_the_models_own_paged_logits(family, which, monkeypatc
     before = _attention_classes(model), _norm_classes(model)
     copy = rotary_attention_copy(model) if which == "compiled" else uncompiled_copy(model)
     assert all(name.startswith("Rotary") for name in _attention_classes(copy)), _attention_classes(copy)
-    norms = _norm_classes(copy)  # the compiled copy leaves them to Inductor (it fuses the residual add into them)
-    assert len(norms) >= 2 * model.config.num_hidden_layers + 1
+    norms = _norm_classes(copy)  # the compiled copy leaves norms and MLPs to Inductor, which fuses them
+    assert len(norms) >= 3 * model.config.num_hidden_layers + 1
     assert all(name.startswith("Fused") == (which == "uncompiled") for name in norms), norms
     assert (_attention_classes(model), _norm_classes(model)) == before  # the user's modules are untouched
     got, got_cache = _steps(model, copy)
@@ -113,12 +114,13 @@ def test_generate_runs_the_fused_step_and_sees_a_replaced_module(monkeypatch):
     import hf_specdec.cache.attention as attention
     from models import left_padded_prompts, make_draft, make_model
 
-    import hf_specdec.runner.fused_norm as fused_norm
+    import hf_specdec.runner.eager_fusions as eager_fusions
 
-    calls, norms = [], []
-    op, norm = attention.rotary_write_kv, fused_norm.rms_norm
+    calls, norms, mlps = [], [], []
+    op, norm, act = attention.rotary_write_kv, eager_fusions.rms_norm, eager_fusions.silu_mul
     monkeypatch.setattr(attention, "rotary_write_kv", lambda *a: calls.append(a[0].shape[0]) or op(*a))
-    monkeypatch.setattr(fused_norm, "rms_norm", lambda *a: norms.append(1) or norm(*a))
+    monkeypatch.setattr(eager_fusions, "rms_norm", lambda *a: norms.append(1) or norm(*a))
+    monkeypatch.setattr(eager_fusions, "silu_mul", lambda *a: mlps.append(1) or act(*a))
     target = hf_specdec.enable(make_model("llama", seed=0))
     draft = make_draft(target, "mix")
     ids, mask = left_padded_prompts(3, seed=2)
@@ -128,6 +130,7 @@ def test_generate_runs_the_fused_step_and_sees_a_replaced_module(monkeypatch):
     assert torch.equal(target.generate(**kw, assistant_model=draft, spec_config=spec), before)
     assert len(calls) >= 2 * target.config.num_hidden_layers  # prefill and rounds, every layer
     assert len(norms) >= 2 * (2 * target.config.num_hidden_layers + 1)
+    assert len(mlps) >= 2 * target.config.num_hidden_layers
     old = target.model.layers[1].self_attn
     new = type(old)(target.config, 1).eval()  # fresh random weights
     target.model.layers[1].self_attn = new
