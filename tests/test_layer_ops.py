@@ -1,0 +1,17 @@
+"""benchmarks/layer_ops.py on the CPU: the runner's uncompiled copy of Llama, Qwen2 and Qwen3 layers issues fewer
+than half the model's own device operations a layer, with the rotary and K/V write, each RMSNorm and the MLP's
+activation one operation each."""
+from benchmarks import layer_ops
+
+
+def test_the_runner_copy_issues_under_half_the_operations(tmp_path):
+    rows = layer_ops.main(["--out", str(tmp_path / "ops.json")])
+    assert {(r["family"], r["tokens_per_row"]) for r in rows} == {(f, t) for f in ("llama", "qwen2", "qwen3")
+                                                                   for t in (1, 5)}
+    for r in rows:
+        assert r["runner_copy_per_layer"] < r["model_per_layer"] / 2, r
+        ops = r["runner_copy"]
+        assert ops["rotary_write_kv"] == ops["paged_attention"] == ops["silu_mul"] == 1, ops
+        assert ops["rms_norm"] == (4 if r["family"] == "qwen3" else 2), ops  # Qwen3 norms q and k too
+        assert "write_kv_to_slots" not in ops and "silu" not in ops and "rsqrt" not in ops, ops
+    assert (tmp_path / "ops.json").exists()
