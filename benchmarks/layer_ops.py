@@ -78,7 +78,8 @@ def main(argv=None) -> list[dict]:
     print(f"{'family':7s} {'tokens':>6s} {'model':>6s} {'copy':>5s}  the copy's operations a layer")
     for r in rows:
         ops = ", ".join(f"{n} {c:g}" for n, c in r["runner_copy"].items())
-        print(f"{r['family']:7s} {r['tokens_per_row']:6d} {r['model_per_layer']:6g} {r['runner_copy_per_layer']:5g}  {ops}")
+        print(f"{r['family']:7s} {r['tokens_per_row']:6d} {r['model_per_layer']:6g} "
+              f"{r['runner_copy_per_layer']:5g}  {ops}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"torch": torch.__version__, "transformers": transformers.__version__, "rows": rows}, f, indent=1)

@@ -5,8 +5,8 @@ write, the attention and its split-KV combine, the rotary + K/V write, RMSNorm, 
 
 CPU tests run the kernels under Triton's interpreter, which executes their Python but never lowers them; a
 construct the compiler refuses would first fail on a GPU. This builds every variant the runner can launch
-(commit: both run widths; step metadata; prompt lookup; rotary + K/V write; RMSNorm; SiLU·up; the PDL variants) in a process
-without ``TRITON_INTERPRET``.
+(commit: both run widths; step metadata; prompt lookup; rotary + K/V write; RMSNorm; SiLU·up; the PDL variants) in a
+process without ``TRITON_INTERPRET``.
 """
 import os
 import pathlib
@@ -57,9 +57,11 @@ rw_sig = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", cos_ptr="*bf16", sin_
               k_out_ptr="*bf16", key_cache_ptr="*bf16", value_cache_ptr="*bf16", slot_ptr="*i64", **{n: "i32" for n in (
                   "num_heads", "num_kv_heads", "head_dim", "block_size", "stride_qt", "stride_qh", "stride_kt",
                   "stride_kh", "stride_vt", "stride_vh", "stride_ct", "stride_st", "stride_ot", "stride_oh",
-                  "stride_kot", "stride_koh", "stride_kc_blk", "stride_kc_pos", "stride_kc_h", "stride_vc_blk", "stride_vc_pos", "stride_vc_h")})
+                  "stride_kot", "stride_koh", "stride_kc_blk", "stride_kc_pos", "stride_kc_h", "stride_vc_blk",
+                  "stride_vc_pos", "stride_vc_h")})
+rw_names = rw._rotary_write_kv_kernel.arg_names
 kernel = triton.compile(ASTSource(fn=rw._rotary_write_kv_kernel,
-                                  signature={n: rw_sig.get(n, "constexpr") for n in rw._rotary_write_kv_kernel.arg_names},
+                                  signature={n: rw_sig.get(n, "constexpr") for n in rw_names},
                                   constexprs=dict(BLOCK_H=32, BLOCK_KVH=8, BLOCK_D=128, STORE_K=True, USE_PDL=False)),
                         target=target, options=dict(num_warps=4))
 assert kernel.asm["cubin"], "no cubin"
