@@ -5,8 +5,9 @@ Uncompiled forwards run a model's prefills and, before or without compile, its r
 below is a kernel launch (inside the step's CUDA graph, a few microseconds each at a decode step; a pass over the
 activations at a prompt). This counts the aten operations (views and allocations left out, a custom op once) of a
 paged forward through the model itself and through the runner's uncompiled copy (``runner/paged_model.py``:
-rotary with the K/V write, RMSNorm and the MLP's activation in one launch each), per decoder layer (the
-difference between 4 and 2 layers, over 2). Tiny random models, nothing downloaded; the count does not depend on
+rotary with the K/V write, RMSNorm and the MLP's activation in one launch each), also where the first call that
+compiles shared the q/k/v and gate/up storage (``shared``: one matmul a group), per decoder layer (the difference
+between 4 and 2 layers, over 2). Tiny random models, nothing downloaded; the count does not depend on
 the models' size.
 
     python benchmarks/layer_ops.py [--out layer_ops.json]
@@ -24,6 +25,7 @@ import transformers
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.round_launches import LaunchCounter  # noqa: E402  (never watching a model: it counts everything)
 from hf_specdec.cache import PagedKVCache, paged_attention_enabled, paged_forward  # noqa: E402
+from hf_specdec.runner.fused_projections import shared_projections  # noqa: E402
 from hf_specdec.runner.paged_model import uncompiled_copy  # noqa: E402
 
 FAMILIES = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
@@ -58,16 +60,20 @@ def _ops(model, call, tokens: int) -> dict:
 def count(family: str, tokens: int) -> dict:
     """Per layer: operations by name through the model and through the runner's copy."""
     out = {}
-    for label in ("model", "runner copy"):
+    for label in ("model", "runner copy", "shared storage"):
         per_depth = []
         for layers in (2, 4):
             model = _model(family, layers)
-            per_depth.append(_ops(model, None if label == "model" else uncompiled_copy(model), tokens))
+            copy = {"model": None, "runner copy": uncompiled_copy(model)}.get(label) if label != "shared storage" \
+                else uncompiled_copy(model, shared_projections(model))
+            per_depth.append(_ops(model, copy, tokens))
         names = set(per_depth[0]) | set(per_depth[1])
         per_layer = {n: (per_depth[1].get(n, 0) - per_depth[0].get(n, 0)) / 2 for n in sorted(names)}
         out[label] = {n: c for n, c in per_layer.items() if c}
     return {"family": family, "tokens_per_row": tokens, "model": out["model"], "runner_copy": out["runner copy"],
-            "model_per_layer": sum(out["model"].values()), "runner_copy_per_layer": sum(out["runner copy"].values())}
+            "shared_storage": out["shared storage"], "model_per_layer": sum(out["model"].values()),
+            "runner_copy_per_layer": sum(out["runner copy"].values()),
+            "shared_storage_per_layer": sum(out["shared storage"].values())}
 
 
 def main(argv=None) -> list[dict]:
@@ -75,11 +81,11 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     rows = [count(family, tokens) for family in FAMILIES for tokens in (1, 5)]
-    print(f"{'family':7s} {'tokens':>6s} {'model':>6s} {'copy':>5s}  the copy's operations a layer")
+    print(f"{'family':7s} {'tokens':>6s} {'model':>6s} {'copy':>5s} {'shared':>6s}  the copy's operations a layer")
     for r in rows:
         ops = ", ".join(f"{n} {c:g}" for n, c in r["runner_copy"].items())
         print(f"{r['family']:7s} {r['tokens_per_row']:6d} {r['model_per_layer']:6g} "
-              f"{r['runner_copy_per_layer']:5g}  {ops}")
+              f"{r['runner_copy_per_layer']:5g} {r['shared_storage_per_layer']:6g}  {ops}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"torch": torch.__version__, "transformers": transformers.__version__, "rows": rows}, f, indent=1)

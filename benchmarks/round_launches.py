@@ -27,8 +27,8 @@ import hf_specdec  # noqa: E402
 
 # No kernel of their own: views, metadata and allocations.
 _FREE = {"view", "_unsafe_view", "reshape", "expand", "t", "transpose", "permute", "slice", "select", "unsqueeze",
-         "squeeze", "alias", "as_strided", "detach", "_reshape_alias", "split", "chunk", "unbind", "lift_fresh",
-         "empty", "empty_like", "empty_strided", "new_empty", "scalar_tensor", "_local_scalar_dense"}
+         "squeeze", "split_with_sizes", "alias", "as_strided", "detach", "_reshape_alias", "split", "chunk", "unbind",
+         "lift_fresh", "empty", "empty_like", "empty_strided", "new_empty", "scalar_tensor", "_local_scalar_dense"}
 
 
 class LaunchCounter(TorchDispatchMode):

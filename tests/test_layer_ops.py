@@ -10,6 +10,7 @@ def test_the_runner_copy_issues_under_half_the_operations(tmp_path):
                                                                    for t in (1, 5)}
     for r in rows:
         assert r["runner_copy_per_layer"] < r["model_per_layer"] / 2, r
+        assert r["shared_storage_per_layer"] == r["runner_copy_per_layer"] - 3, r  # q/k/v and gate/up: a matmul each
         ops = r["runner_copy"]
         assert ops["rotary_write_kv"] == ops["paged_attention"] == ops["silu_mul"] == 1, ops
         assert ops["rms_norm"] == (4 if r["family"] == "qwen3" else 2), ops  # Qwen3 norms q and k too

@@ -137,3 +137,53 @@ def test_generate_runs_the_fused_step_and_sees_a_replaced_module(monkeypatch):
     want = target.generate(**kw)
     assert not torch.equal(want, before)  # a stale copy would still give ``before``
     assert torch.equal(target.generate(**kw, assistant_model=draft, spec_config=spec), want)
+
+
+@pytest.mark.parametrize("family", ["llama_gqa", "qwen2_sliding", "qwen3"])
+def test_shared_projection_storage_makes_one_matmul_per_group(family):
+    """Where the first call that compiles made q/k/v and gate/up views of one tensor each (fused_projections.py),
+    the uncompiled copy runs each group as one matmul: the same logits (fp32, to rounding), two matmuls fewer a
+    layer; after a module of a group is replaced, the groups made again give the model's new logits."""
+    from hf_specdec.runner.fused_projections import shared_projections
+
+    model = _model(family)
+    want, _ = _steps(model, None)
+    shared = shared_projections(model)  # the parameters become views of the fused tensors (same values)
+    copy = uncompiled_copy(model, shared)
+    attention = [m for m in copy.modules() if type(m).__name__.startswith("Rotary")]
+    mlps = [m for m in copy.modules() if type(m).__name__.startswith("Fused") and type(m).__name__.endswith("MLP")]
+    assert attention and all(m.fused_qkv is not None for m in attention)
+    assert mlps and all(m.fused_gate_up is not None for m in mlps)
+    got, _ = _steps(model, copy)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    matmuls = _matmuls(model, uncompiled_copy(model)), _matmuls(model, copy)
+    assert matmuls[1] == matmuls[0] - 3 * model.config.num_hidden_layers, matmuls  # q/k/v: 3 -> 1, gate/up: 2 -> 1
+    attn = model.model.layers[0].self_attn
+    attn.k_proj = torch.nn.Linear(attn.k_proj.in_features, attn.k_proj.out_features, bias=attn.k_proj.bias is not None)
+    want_now, _ = _steps(model, None)
+    assert not torch.equal(want_now[-1], want[-1])  # the replaced module changes the logits
+    got_now, _ = _steps(model, uncompiled_copy(model, shared_projections(model)))  # the groups made again
+    for g, w in zip(got_now, want_now):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def _matmuls(model, call) -> int:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.split(".")[0] in ("mm", "addmm", "linear", "bmm"):
+                Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    cache = PagedKVCache(16, 4, 3, 32, torch.device("cpu"))
+    rows = torch.tensor(cache.add_sequences(2))
+    cache.reserve(rows.tolist(), [8, 8])
+    step = cache.batch(rows, torch.tensor([2, 2]), torch.tensor([1, 1]), 1, 2)
+    with paged_attention_enabled(model), Count():
+        paged_forward(model, torch.tensor([5, 6]), step, None, call=call)
+    return Count.n

@@ -10,7 +10,8 @@ the residual add before it, which an opaque op would stop.
 
 Only these classes, by exact type and with plain weights and no hooks (``module_copies.plain``): Llama, Mistral,
 Qwen2 and Qwen3's RMSNorm (the same ``forward`` in every transformers release supported; Qwen3 also norms q and k
-per head with it) and MLP (with the SiLU activation its config names).
+per head with it) and MLP (with the SiLU activation its config names). Where gate and up share one tensor
+(``fused_projections.py``), ``fused_gate_up`` makes them one matmul.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 
 from ..kernels import rms_norm, silu_mul
+from .fused_projections import fused_linear
 from .module_copies import plain, subclass
 
 _NORMS: Optional[tuple] = None
@@ -45,7 +47,7 @@ def fused_class(module: nn.Module) -> Optional[type]:
     if type(module) in _NORMS and plain(module):
         return subclass(type(module), "Fused", {"forward": _norm_forward}, _SUBCLASSES)
     if type(module) in _MLPS and _silu(module.act_fn) and plain(module):
-        return subclass(type(module), "Fused", {"forward": _mlp_forward}, _SUBCLASSES)
+        return subclass(type(module), "Fused", {"forward": _mlp_forward, "fused_gate_up": None}, _SUBCLASSES)
     return None
 
 
@@ -60,4 +62,8 @@ def _norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
 
 
 def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
+    if self.fused_gate_up is not None:  # gate and up share one tensor (fused_projections.py): one matmul
+        weight, bias, (n, _) = self.fused_gate_up
+        both = fused_linear(x, weight, bias)
+        return self.down_proj(silu_mul(both[..., :n], both[..., n:]))
     return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))

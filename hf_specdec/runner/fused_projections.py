@@ -45,6 +45,11 @@ from ..kernels import decode_linear  # also registers torch.ops.hf_specdec.decod
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
+def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """A fused group's one matmul, through ``kernels.decode_linear`` where the compiled copy's projections use it."""
+    return (decode_linear if uses_decode_linear(weight) else F.linear)(x, weight, bias)
+
+
 class FusedSliceLinear(nn.Linear):
     """One projection of a fused group: its rows ``[start, stop)`` of ``linear(x, fused_weight, fused_bias)``."""
 
@@ -176,6 +181,14 @@ class SharedProjections:
 
     def intact(self) -> bool:
         return all(group.intact() for group in self.groups.values())
+
+    def fused(self, parent: nn.Module, names: tuple[str, ...]) -> Optional[tuple]:
+        """``(weight, bias, sizes)`` of ``parent``'s fused group ``names`` (its projections' output sizes, in
+        order), for a forward that computes the group's one matmul itself; None where the group is not fused."""
+        group = self.groups.get((id(parent), names))
+        if group is None or not group.attached() or not group.intact():
+            return None
+        return group.weight, group.bias, tuple(linear.out_features for linear in group.linears)
 
     def repair(self) -> bool:
         """Share the storage again where it was lost; True when something was repaired."""

@@ -15,6 +15,7 @@ from transformers import PreTrainedModel
 from .. import kernels
 from ..cache import PagedBatch, PagedKVCache, paged_forward
 from .eager_fusions import fused_class
+from .fused_projections import GROUPS, SharedProjections
 from .module_copies import copy_with
 from .rotary_attention import rotary_class
 
@@ -56,8 +57,9 @@ class PagedModel:
 
 
 def paged_models(models: dict, caches: dict, vocab_size: int, compiled: dict, plain_copies: dict,
-                 signature: int) -> dict[str, PagedModel]:
-    """A ``PagedModel`` per name of ``models``; ``compiled``: name -> compiled callable (where the call compiles).
+                 signature: int, shared: dict) -> dict[str, PagedModel]:
+    """A ``PagedModel`` per name of ``models``; ``compiled``: name -> compiled callable (where the call compiles);
+    ``shared``: name -> the model's ``SharedProjections``.
     ``plain_copies`` (kept by the caller across calls): name -> (``signature``, the model's ``uncompiled_copy``,
     the model), made again when the models' signature (their modules and tensors) changed or the model's own
     ``forward`` was replaced on the instance (a wrapper or a spy set after the copy was made: the copy calls it)."""
@@ -66,15 +68,24 @@ def paged_models(models: dict, caches: dict, vocab_size: int, compiled: dict, pl
         kept = plain_copies.get(name)
         if kept is None or kept[0] != signature or kept[2] is not model or \
                 kept[1].__dict__.get("forward") is not model.__dict__.get("forward"):
-            kept = plain_copies[name] = (signature, uncompiled_copy(model), model)
+            kept = plain_copies[name] = (signature, uncompiled_copy(model, shared.get(name)), model)
         out[name] = PagedModel(model, caches[name], vocab_size, compiled.get(name), kept[1])
     return out
 
 
-def uncompiled_copy(model: PreTrainedModel) -> PreTrainedModel:
+def uncompiled_copy(model: PreTrainedModel, shared: Optional[SharedProjections] = None) -> PreTrainedModel:
     """The copy of ``model`` that its uncompiled paged forwards run: Llama-family attention rotating and writing
-    K/V in one launch (``rotary_attention.py``), RMSNorm and the MLP's activation in one each (``eager_fusions.py``)."""
-    return copy_with(model, lambda module: rotary_class(module) or fused_class(module))
+    K/V in one launch (``rotary_attention.py``), RMSNorm and the MLP's activation in one each (``eager_fusions.py``);
+    where ``shared`` fused a module's q/k/v or gate/up storage, that module's projections are one matmul."""
+    copy = copy_with(model, lambda module: rotary_class(module) or fused_class(module))
+    if shared is None or not shared.groups or copy is model:
+        return copy
+    originals = dict(model.named_modules())
+    for name, module in copy.named_modules():
+        for attribute, names in zip(("fused_qkv", "fused_gate_up"), GROUPS):
+            if hasattr(type(module), attribute) and module is not originals[name]:  # a swapped copy: its own dict
+                setattr(module, attribute, shared.fused(originals[name], names))
+    return copy
 
 
 def feature_layout(target: PreTrainedModel) -> tuple[int, torch.dtype]:

@@ -5,7 +5,9 @@ Inductor kernel for q, one for k) and hand them to the paged attention function,
 kernel) and attends. In the runner's copies of a model, the attention modules of the classes below run
 ``forward`` here instead: the projections (and Qwen3's q/k norms) as the model computes them, then
 ``cache.paged_rotary_attention`` with q and k not yet rotated, which rotates both and writes K/V in one launch
-(``kernels.rotary_write_kv``), and the output projection. Two copies use it: the one every uncompiled forward runs
+(``kernels.rotary_write_kv``), and the output projection. In the uncompiled copy of a model whose q/k/v weights
+share one tensor (``fused_projections.py``, set up by the first call that compiles), ``fused_qkv`` makes the
+projections one matmul (the compiled copy gets that from Inductor). Two copies use it: the one every uncompiled forward runs
 (prefills, and every round where nothing is compiled: ``paged_model.paged_models``) and the compiled one
 (``compiled_regions.py``). What a layer computes is the model's own (``tests/test_runner_copies.py``: equal to
 the model's paged logits bit for bit in fp32). The user's modules are not changed: the copies' attention modules
@@ -23,6 +25,7 @@ from typing import Callable, Optional
 from torch import nn
 
 from ..cache import PAGED_BATCH_KWARG, paged_rotary_attention
+from .fused_projections import fused_linear
 from .module_copies import copy_with, plain, subclass
 
 
@@ -64,7 +67,7 @@ def rotary_class(module: nn.Module) -> Optional[type]:
         return None
     window, qk_norm = spec
     return subclass(type(module), "Rotary", {"forward": _forward, "_paged_window": staticmethod(window),
-                                             "_paged_qk_norm": qk_norm}, _SUBCLASSES)
+                                             "_paged_qk_norm": qk_norm, "fused_qkv": None}, _SUBCLASSES)
 
 
 def _forward(self, hidden_states, *args, **kwargs):
@@ -75,9 +78,13 @@ def _forward(self, hidden_states, *args, **kwargs):
         return super(type(self), self).forward(hidden_states, *args, **kwargs)
     tokens = hidden_states.shape[1]  # a batch of one: the step's packed tokens
     shape = (tokens, -1, self.head_dim)
-    q = self.q_proj(hidden_states).view(shape)
-    k = self.k_proj(hidden_states).view(shape)
-    v = self.v_proj(hidden_states).view(shape)
+    if self.fused_qkv is not None:  # the uncompiled copy of a model whose q/k/v share one tensor: one matmul
+        weight, bias, sizes = self.fused_qkv
+        q, k, v = (x.view(shape) for x in fused_linear(hidden_states, weight, bias).split(sizes, dim=-1))
+    else:
+        q = self.q_proj(hidden_states).view(shape)
+        k = self.k_proj(hidden_states).view(shape)
+        v = self.v_proj(hidden_states).view(shape)
     if self._paged_qk_norm:
         q, k = self.q_norm(q), self.k_norm(k)
     cos, sin = position_embeddings

@@ -84,8 +84,8 @@ class SpecRunner:
         models = {"target": self.target}
         if spec.draft_model is not None:
             models[spec.draft_model] = self.draft
-        for model in models.values():  # before any graph holds the addresses of the weights
-            shared_projections(model, share=compile)
+        # before any graph holds the addresses of the weights
+        shared = {name: shared_projections(model, share=compile) for name, model in models.items()}
         self.head = spec.draft_model is not None and getattr(self.draft, "reads_target_hidden", False)
         if self.head:
             hidden, dtype = feature_layout(self.target)
@@ -121,7 +121,7 @@ class SpecRunner:
             cache.reserve([0], [scratch_tokens])
             cache.add_sequences(batch.size)  # blocks as each row starts: row_blocks.reserve_rows
         self.models = paged_models(models, self.caches, vocab, {n: self.compiling[n].compiled for n in models}
-                                   if compiled else {}, self.plain_copies, key.models)
+                                   if compiled else {}, self.plain_copies, key.models, shared)
         self.fixed_prefill = fixed_prefill and all(same_device(pm.cache.device, batch.device)
                                                    for pm in self.models.values())
         prepare = getattr(spec.logits, "prepare", None)
