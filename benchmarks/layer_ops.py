@@ -42,13 +42,14 @@ def _model(family: str, layers: int) -> transformers.PreTrainedModel:
 
 
 @torch.no_grad()
-def _ops(model, call, tokens: int) -> dict:
-    """Operations of one paged forward of two rows of ``tokens`` new tokens each after 5 cached ones."""
+def operations(model, call, tokens: int) -> dict:
+    """Operations by name of one paged forward of ``model`` (through ``call``: a copy of it, or None for the model
+    itself), two rows of ``tokens`` new tokens each after 5 cached ones."""
     cache = PagedKVCache(32, 4, 3, 64, torch.device("cpu"))
     rows = torch.tensor(cache.add_sequences(2))
     cache.reserve(rows.tolist(), [16, 16])
     step = cache.batch(rows, torch.tensor([5, 5]), torch.tensor([tokens, tokens]), tokens, 2 * tokens)
-    ids = torch.randint(3, 120, (2 * tokens,), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(3, model.config.vocab_size, (2 * tokens,), generator=torch.Generator().manual_seed(1))
     with paged_attention_enabled(model):
         paged_forward(model, ids, step, None, call=call)
         counter = LaunchCounter()
@@ -66,7 +67,7 @@ def count(family: str, tokens: int) -> dict:
             model = _model(family, layers)
             copy = {"model": None, "runner copy": uncompiled_copy(model)}.get(label) if label != "shared storage" \
                 else uncompiled_copy(model, shared_projections(model))
-            per_depth.append(_ops(model, copy, tokens))
+            per_depth.append(operations(model, copy, tokens))
         names = set(per_depth[0]) | set(per_depth[1])
         per_layer = {n: (per_depth[1].get(n, 0) - per_depth[0].get(n, 0)) / 2 for n in sorted(names)}
         out[label] = {n: c for n, c in per_layer.items() if c}

@@ -168,22 +168,9 @@ def test_shared_projection_storage_makes_one_matmul_per_group(family):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
 
-@torch.no_grad()
 def _matmuls(model, call) -> int:
-    from torch.utils._python_dispatch import TorchDispatchMode
+    """Matmuls of one decode step (benchmarks/layer_ops.py counts the step's operations)."""
+    from benchmarks.layer_ops import operations
 
-    class Count(TorchDispatchMode):
-        n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.__name__.split(".")[0] in ("mm", "addmm", "linear", "bmm"):
-                Count.n += 1
-            return func(*args, **(kwargs or {}))
-
-    cache = PagedKVCache(16, 4, 3, 32, torch.device("cpu"))
-    rows = torch.tensor(cache.add_sequences(2))
-    cache.reserve(rows.tolist(), [8, 8])
-    step = cache.batch(rows, torch.tensor([2, 2]), torch.tensor([1, 1]), 1, 2)
-    with paged_attention_enabled(model), Count():
-        paged_forward(model, torch.tensor([5, 6]), step, None, call=call)
-    return Count.n
+    ops = operations(model, call, 1)
+    return ops.get("mm", 0) + ops.get("addmm", 0)

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import decode_linear  # also registers torch.ops.hf_specdec.decode_linear
+from .module_copies import plain, with_children
 
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
@@ -172,12 +173,7 @@ class SharedProjections:
                 child_copy = _decode_copy(child) if isinstance(child, nn.Linear) else self._copy(child)
                 if child_copy is not child:
                     replaced[name] = child_copy
-        if not replaced:
-            return module
-        new = copy.copy(module)
-        new._modules = dict(module._modules)
-        new._modules.update(replaced)
-        return new
+        return with_children(module, replaced) if replaced else module
 
     def intact(self) -> bool:
         return all(group.intact() for group in self.groups.values())
@@ -232,11 +228,7 @@ def _fusable(parent: nn.Module, names: tuple[str, ...]) -> bool:
 
 def _plain(linears) -> bool:
     """Ordinary tensors (not DTensor or quantised), not on meta, no accelerate hooks or forward hooks."""
-    params = [p for linear in linears for p in (linear.weight, linear.bias) if p is not None]
-    if any(type(p.data) is not torch.Tensor or p.device.type == "meta" for p in params):
-        return False
-    return not any(hasattr(linear, "_hf_hook") or linear._forward_hooks or linear._forward_pre_hooks
-                   for linear in linears)
+    return all(plain(linear) and all(p.device.type != "meta" for p in linear.parameters()) for linear in linears)
 
 
 def _fused_storage(linears) -> tuple[torch.Tensor, Optional[torch.Tensor]]:

@@ -5,11 +5,11 @@ Inductor kernel for q, one for k) and hand them to the paged attention function,
 kernel) and attends. In the runner's copies of a model, the attention modules of the classes below run
 ``forward`` here instead: the projections (and Qwen3's q/k norms) as the model computes them, then
 ``cache.paged_rotary_attention`` with q and k not yet rotated, which rotates both and writes K/V in one launch
-(``kernels.rotary_write_kv``), and the output projection. In the uncompiled copy of a model whose q/k/v weights
-share one tensor (``fused_projections.py``, set up by the first call that compiles), ``fused_qkv`` makes the
-projections one matmul (the compiled copy gets that from Inductor). Two copies use it: the one every uncompiled forward runs
-(prefills, and every round where nothing is compiled: ``paged_model.paged_models``) and the compiled one
-(``compiled_regions.py``). What a layer computes is the model's own (``tests/test_runner_copies.py``: equal to
+(``kernels.rotary_write_kv``), and the output projection. Two copies use it: the one every uncompiled forward
+runs (prefills, and every round where nothing is compiled: ``paged_model.paged_models``) and the compiled one
+(``compiled_regions.py``). In the uncompiled copy of a model whose q/k/v weights share one tensor
+(``fused_projections.py``, set up by the first call that compiles), ``fused_qkv`` makes the projections one matmul
+(the compiled copy gets that from Inductor). What a layer computes is the model's own (``tests/test_runner_copies.py``: equal to
 the model's paged logits bit for bit in fp32). The user's modules are not changed: the copies' attention modules
 are shallow copies of another class, along a path of shallow copies.
 
