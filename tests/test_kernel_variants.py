@@ -319,3 +319,41 @@ def test_every_triton_launch_of_real_calls_gets_aligned_pointers(monkeypatch):
     target.generate(input_ids=ids[:1], attention_mask=mask[:1], do_sample=False, **kw,
                     spec_config=hf_specdec.SpecConfig(num_speculative_tokens=4, method="ngram"))
     assert not misaligned, misaligned
+
+
+# The uncompiled copy's layer kernels: one variant for a target and its draft, prompts and decode steps.
+LAYER_CONFIGS = {  # hidden, heads, kv heads, head_dim, intermediate
+    "pair target": (1536, 12, 4, 128, 4096),
+    "pair draft": (512, 8, 4, 64, 1536),
+    "llama-8b": (4096, 32, 8, 128, 14336),
+    "llama-1b": (2048, 32, 8, 64, 8192),
+}
+
+
+def test_layer_kernels_compile_one_variant_for_every_model_and_step(monkeypatch):
+    """RMSNorm, SiLU·up and the rotary + K/V write are JIT-compiled inside a process's first call (its prefill):
+    a variant per model or per use was one more compile each (0.3 s on an H200 host; the pair's first call gained
+    1.1 s from seven of them). Every width, head count and head_dim up to 128, prompt or decode step, one key."""
+    from hf_specdec.kernels import rms_norm_triton as rn, rotary_write_kv_triton as rw, silu_mul_triton as sm
+
+    logs, mode = {}, [None]
+    for mod, name in ((rn, "_rms_norm_kernel"), (sm, "_silu_mul_kernel"), (rw, "_rotary_write_kv_kernel")):
+        monkeypatch.setattr(mod, name, _Spy(getattr(mod, name), logs, mode))
+    dtype = torch.bfloat16
+    for model, (hidden, H, KVH, D, inter) in LAYER_CONFIGS.items():
+        caches = torch.empty(4, 16, KVH, D, dtype=dtype)
+        for T in (1, 2, 5, 32, 300):  # a decode step, a verify, prompts
+            mode[0] = "layer"
+            rn.rms_norm_triton(torch.empty(T, hidden, dtype=dtype), torch.empty(hidden, dtype=dtype), 1e-5)
+            fused = torch.empty(T, 2 * inter, dtype=dtype)  # gate/up as one matmul leaves them (strided views)
+            sm.silu_mul_triton(fused[:, :inter], fused[:, inter:])
+            sm.silu_mul_triton(torch.empty(T, inter, dtype=dtype), torch.empty(T, inter, dtype=dtype))
+            qkv = torch.empty(T, (H + 2 * KVH) * D, dtype=dtype)
+            q, k, v = (x.view(T, -1, D) for x in qkv.split([H * D, KVH * D, KVH * D], dim=1))
+            angles = torch.empty(T, D, dtype=dtype)
+            for return_key in (False, True):
+                rw.rotary_write_kv_triton(q, k, v, angles, angles, caches, caches,
+                                          torch.zeros(T, dtype=torch.int64), return_key)
+    for (_, kernel), keys in logs.items():
+        assert len(set(keys)) == 1, (kernel, set(keys))
+    assert len(logs) == 3

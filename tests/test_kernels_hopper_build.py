@@ -55,14 +55,14 @@ built += 1
 from hf_specdec.kernels import rotary_write_kv_triton as rw
 rw_sig = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", cos_ptr="*bf16", sin_ptr="*bf16", q_out_ptr="*bf16",
               k_out_ptr="*bf16", key_cache_ptr="*bf16", value_cache_ptr="*bf16", slot_ptr="*i64", **{n: "i32" for n in (
-                  "num_heads", "num_kv_heads", "head_dim", "block_size", "stride_qt", "stride_qh", "stride_kt",
+                  "num_heads", "num_kv_heads", "head_dim", "block_size", "store_k", "stride_qt", "stride_qh", "stride_kt",
                   "stride_kh", "stride_vt", "stride_vh", "stride_ct", "stride_st", "stride_ot", "stride_oh",
                   "stride_kot", "stride_koh", "stride_kc_blk", "stride_kc_pos", "stride_kc_h", "stride_vc_blk",
                   "stride_vc_pos", "stride_vc_h")})
 rw_names = rw._rotary_write_kv_kernel.arg_names
 kernel = triton.compile(ASTSource(fn=rw._rotary_write_kv_kernel,
                                   signature={n: rw_sig.get(n, "constexpr") for n in rw_names},
-                                  constexprs=dict(BLOCK_H=32, BLOCK_KVH=8, BLOCK_D=128, STORE_K=True, USE_PDL=False)),
+                                  constexprs=dict(BLOCK_H=16, BLOCK_D=128, USE_PDL=False)),
                         target=target, options=dict(num_warps=4))
 assert kernel.asm["cubin"], "no cubin"
 built += 1
@@ -70,7 +70,7 @@ from hf_specdec.kernels import rms_norm_triton as rn
 rn_sig = dict(x_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16", H="i32", stride_x="i32", stride_o="i32", eps="fp32")
 kernel = triton.compile(ASTSource(fn=rn._rms_norm_kernel,
                                   signature={n: rn_sig.get(n, "constexpr") for n in rn._rms_norm_kernel.arg_names},
-                                  constexprs=dict(BLOCK=4096, USE_PDL=False)), target=target, options=dict(num_warps=8))
+                                  constexprs=dict(BLOCK=1024, USE_PDL=False)), target=target, options=dict(num_warps=4))
 assert kernel.asm["cubin"], "no cubin"
 built += 1
 from hf_specdec.kernels import silu_mul_triton as sl
@@ -104,8 +104,8 @@ variants = [
                                           "num_kv_splits")}),
      dict(HAS_SOFTCAP=False, HAS_WINDOW=False, IEEE_FP32=False, UPCAST=False, BLOCK_Q=4, BLOCK_M=16, BLOCK_N=32,
           BLOCK_D=128)),
-    (rw._rotary_write_kv_kernel, rw_sig, dict(BLOCK_H=32, BLOCK_KVH=8, BLOCK_D=128, STORE_K=False)),
-    (rn._rms_norm_kernel, rn_sig, dict(BLOCK=4096)),
+    (rw._rotary_write_kv_kernel, rw_sig, dict(BLOCK_H=16, BLOCK_D=128)),
+    (rn._rms_norm_kernel, rn_sig, dict(BLOCK=1024)),
     (sl._silu_mul_kernel, sl_sig, dict(BLOCK=1024)),
 ]
 import triton.language as tl

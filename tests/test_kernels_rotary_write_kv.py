@@ -33,7 +33,7 @@ def _step(T, H, KVH, D, dtype, gen, strided=False, blocks=6, block_size=4):
     return (q, k, v, cos, sin, *caches, slots)
 
 
-@pytest.mark.parametrize("H,KVH,D", [(4, 2, 16), (8, 8, 64), (6, 2, 80), (2, 1, 128)])
+@pytest.mark.parametrize("H,KVH,D", [(4, 2, 16), (8, 8, 64), (6, 2, 80), (2, 1, 128), (40, 20, 32)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("strided", [False, True])
 @pytest.mark.parametrize("return_key", [False, True])
