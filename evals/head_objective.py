@@ -77,11 +77,12 @@ def unroll_mask(t: int, s: int, device) -> torch.Tensor:
     return torch.cat([j <= i - s] + [j == i - s + r for r in range(1, s + 1)], dim=1)[None, None]
 
 
-def unrolled_steps(head, ids, f, steps, autocast):
+def unrolled_steps(head, ids, f, steps, autocast, through=None):
     """The head over a window, ``steps`` times (EAGLE-3's training-time test): step 0 reads the target's
     features f_i; step s reads at i the step before's own g at i-1 and attends as ``unroll_mask`` says. Yields
     (s, g, logits): logits over the head's kept tokens for a reduced head, else over the vocabulary; positions
-    i < s have no such input and are left out of the loss."""
+    i < s have no such input and are left out of the loss. ``through``: a narrow head's logits are its target's
+    kept rows over ``up(g)`` (``teacher_layer``), the layer its own output layer is folded from after training."""
     n, t = ids.shape
     reduced = head.lm_head is not None
     keep = torch.zeros(0, dtype=torch.long, device=ids.device) if reduced else None  # no scatter to the vocabulary
@@ -95,18 +96,21 @@ def unrolled_steps(head, ids, f, steps, autocast):
             extra["attention_mask"] = unroll_mask(t - 1, s, ids.device)
         with autocast():
             out = head(tokens, pos, feats, logits_to_keep=keep, **extra)
-            logits = head.lm_head.kept_logits(out.hidden) if reduced else out.logits
+            if through is not None:
+                logits = through.kept_logits(out.hidden)
+            else:
+                logits = head.lm_head.kept_logits(out.hidden) if reduced else out.logits
         yield s, out.hidden, logits
         feats = torch.cat([feats[:, :1], out.hidden[:, :-1].to(feats.dtype)], dim=1)
 
 
-def head_loss(head, ids, f, logits_t, ce_weight, autocast, steps: int = 1):
+def head_loss(head, ids, f, logits_t, ce_weight, autocast, steps: int = 1, through=None):
     """EAGLE-1 loss of one batch of windows: smooth-L1 on g vs the next feature + w * soft CE, averaged over
     ``steps`` unrolled steps (1: EAGLE-1). ``logits_t``: the target's logits over the head's kept tokens for a
     reduced head (``target_outputs(..., kept)``), else over the vocabulary."""
     p = torch.softmax(logits_t[:, 1:], dim=-1)
     loss = feat_sum = ce_sum = 0.0
-    for s, g, logits in unrolled_steps(head, ids, f, steps, autocast):
+    for s, g, logits in unrolled_steps(head, ids, f, steps, autocast, through):
         feat = F.smooth_l1_loss(g.float()[:, s:], f[:, 1 + s:])
         ce = -(p[:, s:] * torch.log_softmax(logits.float()[:, s:], dim=-1)).sum(-1).mean()
         loss, feat_sum, ce_sum = loss + feat + ce_weight * ce, feat_sum + feat.detach(), ce_sum + ce.detach()

@@ -18,7 +18,10 @@ w = 0.1 as in EAGLE: the feature loss carries most of the signal and is what lat
 dominates (``--ce-weight``). ``--ttt-steps S`` (EAGLE-3's training-time test): S unrolled steps, step s
 reading the head's own g of step s-1 as a draft step does; the loss averages over them.
 ``--kept-vocab N``: the head's own output layer over the N most frequent training tokens (CE over those, the
-target's logits computed for those tokens alone). The loss and the metrics below: ``head_objective.py``.
+target's logits computed for those tokens alone). ``--hidden-size h``: a narrow head (``DraftHead.for_target``),
+whose ``up`` output is what the feature loss compares with f_{i+1}; it trains its logits as the target's rows over
+``up(g)`` and folds them into its own output layer at the end (``DraftHead.fold_output_layer``). The loss and the
+metrics below: ``head_objective.py``.
 
 Schedule: AdamW, warmup + cosine over the elapsed share of the wall-clock budget (as pair_training.py), bf16
 autocast on GPU (weights in fp32), fp32 on CPU; ``--reserve-s`` of the budget is kept for evaluation and saving.
@@ -76,6 +79,8 @@ def parse_args(argv=None):
                    "its own g, 1 to 4 (1: EAGLE-1)")
     p.add_argument("--num-layers", type=int, default=1, help="decoder layers of the head")
     p.add_argument("--intermediate-size", type=int, default=None, help="MLP size of the head (default: target's)")
+    p.add_argument("--hidden-size", type=int, default=None, help="a narrow head's width, a multiple of the target's "
+                   "head_dim (default: the target's; narrower: an output layer of its own, --kept-vocab or all tokens)")
     p.add_argument("--kept-vocab", type=int, default=0, help="an output layer of the head's own over the N most "
                    "frequent training tokens (0: the target's, whole vocabulary)")
     p.add_argument("--k", type=int, default=4, help="draft length of the accepted-length metric")
@@ -175,6 +180,7 @@ def train_head(head, target, train_windows, args, device, autocast, deadline, lo
     t0 = last_log = time.perf_counter()
     span, first, last = max(deadline - t0, 1e-3), None, None
     kept = teacher_layer(target, head)  # a reduced head: the target's logits over its tokens only
+    through = kept if head.up is not None else None  # a narrow head: logits through up and the target's rows
     head.train()
     while True:
         now = time.perf_counter()
@@ -189,7 +195,7 @@ def train_head(head, target, train_windows, args, device, autocast, deadline, lo
         pos += args.batch_size
         ids = torch.from_numpy(train_windows[idx].astype(np.int64)).to(device)
         f, logits_t = target_outputs(target, ids, autocast, kept)
-        loss, feat, ce = head_loss(head, ids, f, logits_t, args.ce_weight, autocast, args.ttt_steps)
+        loss, feat, ce = head_loss(head, ids, f, logits_t, args.ce_weight, autocast, args.ttt_steps, through)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
         opt.step()
@@ -204,6 +210,8 @@ def train_head(head, target, train_windows, args, device, autocast, deadline, lo
                 f"lr {opt.param_groups[0]['lr']:.2e}  {tokens / (now - t0):,.0f} tok/s")
             last_log = now
     head.eval()
+    if through is not None:
+        head.fold_output_layer(through)  # its own output layer: what training computed, one narrow matmul
     return {"steps": step, "tokens_seen": tokens, "first": first, "last": last, "train_s": time.perf_counter() - t0}
 
 
@@ -274,7 +282,7 @@ def main(argv=None):
         special = [i for i in (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) if i is not None]
         kept = sorted(set(np.argsort(-counts, kind="stable")[: args.kept_vocab].tolist()) | set(special))
     head = DraftHead.for_target(target, num_layers=args.num_layers, intermediate_size=args.intermediate_size,
-                                kept_ids=kept)
+                                kept_ids=kept, hidden_size=args.hidden_size)
     n_params = sum(p.numel() for p in head.parameters())
     log(f"head: {args.num_layers} layer(s), {n_params / 1e6:.2f}M parameters (target's embedding/lm_head shared)")
 

@@ -16,17 +16,22 @@ The embedding and output layer are the target's own modules (shared, not copied,
 decoder layer and a ``2H x H`` projection: a few percent of the target's step, against a separate draft model's
 whole stack. Where the output layer is most of that (a 128k or 262k vocabulary), ``kept_ids`` gives the head an
 output layer of its own over those tokens only (``reduced_vocab.ReducedVocabHead``, as EAGLE-3's draft
-vocabulary): it never proposes another token, and the output stays exact. The round that runs it is ``round/proposers.HeadProposer``; the target's features come out of its
-verify forward (``cache.paged_forward(..., hidden=True)``), no extra forward. The runner compiles it as it does a
-draft model (its layer, fc and norm; the target's modules it reads run as they are).
+vocabulary): it never proposes another token, and the output stays exact. A *narrow* head (``hidden_size=`` below
+the target's) runs its layer at that width: ``fc`` maps the pair down, an output layer of its own reads ``g_i``, and
+``up`` (``h x H``) carries ``g_i`` back to the target's width as the next step's feature. Where the target is small
+(the project's pair: a target-wide layer reads more bytes than the 29M draft model's whole step) that is what makes
+a head cheaper than a draft model. The round that runs it is ``round/proposers.HeadProposer``; the target's
+features come out of its verify forward (``cache.paged_forward(..., hidden=True)``), no extra forward. The runner
+compiles it as it does a draft model (its layer, fc, norm and ``up``; the target's modules it reads run as they are).
 
-Files: ``config.json`` (a ``LlamaConfig`` of the head's layer), ``model.safetensors`` (fc, layers, norm, and
+Files: ``config.json`` (a ``LlamaConfig`` of the head's layer), ``model.safetensors`` (fc, layers, norm, up, and
 probe rows of the target's embedding and output layer), ``draft_head.json`` (format, the target's class and
 sizes).
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
@@ -52,6 +57,7 @@ _PROBES = {"embedding": "hf_specdec.target_embedding_probe", "lm_head": "hf_spec
 class DraftHeadOutput(ModelOutput):
     logits: Optional[torch.Tensor] = None  # (1 or batch, kept tokens, V) of the rows ``logits_to_keep`` names
     hidden: Optional[torch.Tensor] = None  # (1 or batch, T, H) g_i of every token: the next step's features
+    own_hidden: Optional[torch.Tensor] = None  # (1 or batch, T, h) g_i at the head's width: its output layer's input
 
 
 class DraftHead(LlamaPreTrainedModel):
@@ -62,7 +68,9 @@ class DraftHead(LlamaPreTrainedModel):
     def __init__(self, config: LlamaConfig):
         super().__init__(config)
         hidden = config.hidden_size
-        self.fc = nn.Linear(2 * hidden, hidden, bias=False)
+        features = getattr(config, "hf_specdec_feature_size", None) or hidden  # the target's width
+        self.fc = nn.Linear(2 * features, hidden, bias=False)
+        self.up = nn.Linear(hidden, features, bias=False) if features != hidden else None  # a narrow head's g -> f
         self.layers = nn.ModuleList([LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config)
@@ -76,33 +84,66 @@ class DraftHead(LlamaPreTrainedModel):
 
     @classmethod
     def for_target(cls, target: PreTrainedModel, num_layers: int = 1, intermediate_size: Optional[int] = None,
-                   kept_ids=None) -> "DraftHead":
+                   kept_ids=None, hidden_size: Optional[int] = None) -> "DraftHead":
         """A freshly initialised head sized for ``target`` (its hidden size, heads, vocabulary), on its device and
         in its dtype, bound to it. ``kept_ids``: the only tokens it proposes, through an output layer of its own
-        (initialised from the target's rows of those tokens)."""
+        (initialised from the target's rows of those tokens). ``hidden_size``: a narrow head's width (a multiple of
+        the target's head_dim; its heads are that many head_dims, its MLP the target's in proportion); it has an
+        output layer of its own, over ``kept_ids`` or the whole vocabulary, started as the target's rows through
+        ``up``."""
         check_target(target)
         tc = target.config.get_text_config()
-        hidden = tc.hidden_size
+        features = tc.hidden_size
         heads = tc.num_attention_heads
+        head_dim = getattr(tc, "head_dim", None) or features // heads
+        kv_heads = getattr(tc, "num_key_value_heads", None) or heads
+        hidden, inter = features, intermediate_size or getattr(tc, "intermediate_size", None) or 4 * features
+        if hidden_size is not None and hidden_size != features:
+            if hidden_size <= 0 or hidden_size % head_dim:
+                raise ValueError(f"hidden_size={hidden_size}: a narrow head's width must be a positive multiple of "
+                                 f"the target's head_dim ({head_dim}), "
+                                 f"e.g. {max(1, features // 4 // head_dim) * head_dim}.")
+            hidden, heads = hidden_size, hidden_size // head_dim
+            kv_heads = math.gcd(heads, kv_heads)  # grouped as the target where the counts allow
+            inter = intermediate_size or max(64, inter * hidden // features // 64 * 64)
+            if kept_ids is None:  # the target's output layer reads its own width: a layer of the head's own
+                kept_ids = torch.arange(tc.vocab_size)
         config = LlamaConfig(
-            vocab_size=tc.vocab_size, hidden_size=hidden, num_hidden_layers=num_layers,
-            intermediate_size=intermediate_size or getattr(tc, "intermediate_size", None) or 4 * hidden,
-            num_attention_heads=heads, num_key_value_heads=getattr(tc, "num_key_value_heads", None) or heads,
-            head_dim=getattr(tc, "head_dim", None) or hidden // heads,
+            vocab_size=tc.vocab_size, hidden_size=hidden, num_hidden_layers=num_layers, intermediate_size=inter,
+            num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
             max_position_embeddings=getattr(tc, "max_position_embeddings", None) or 4096,
             rms_norm_eps=getattr(tc, "rms_norm_eps", None) or 1e-6, tie_word_embeddings=False,
             pad_token_id=getattr(tc, "pad_token_id", None), bos_token_id=getattr(tc, "bos_token_id", None),
             eos_token_id=getattr(tc, "eos_token_id", None),
         )
         config._attn_implementation = "sdpa"
+        if hidden != features:
+            config.hf_specdec_feature_size = features
         weight = target.get_output_embeddings().weight
         head = cls(config).to(device=weight.device, dtype=weight.dtype)
         config.hf_specdec_target = target_fingerprint(target)
         if kept_ids is not None:
-            head.lm_head = restrict_output_layer(target, kept_ids)  # its rows and bias; bind sets the cap
+            rows = restrict_output_layer(target, kept_ids)  # its rows and bias; bind sets the cap
+            if head.up is None:
+                head.lm_head = rows
+            else:  # its logits start as the target's output layer over up(g)
+                head.lm_head = ReducedVocabHead(rows.weight.new_zeros(rows.num_kept, hidden), rows.token_ids,
+                                                rows.vocab_size, rows.softcap, rows.bias)
+                head.fold_output_layer(rows)
             config.hf_specdec_kept = head.lm_head.num_kept
             config.hf_specdec_kept_bias = head.lm_head.bias is not None  # a bias to allocate on load
         return head.rope_in_fp32().bind(target)
+
+    @torch.no_grad()
+    def fold_output_layer(self, rows: ReducedVocabHead) -> None:
+        """A narrow head's own output layer set to ``rows`` (its target's over the kept tokens,
+        ``restrict_output_layer``) through ``up``: logits(g) = rows(up(g)). What ``for_target`` starts from, and what
+        training ends with (``evals/head_objective.py`` trains ``up`` through the target's rows)."""
+        if self.up is None or self.lm_head is None:
+            raise ValueError("fold_output_layer is for a narrow head (DraftHead.for_target(..., hidden_size=...)).")
+        self.lm_head.weight.copy_(rows.weight.to(self.up.weight.dtype) @ self.up.weight)
+        if rows.bias is not None:
+            self.lm_head.bias.copy_(rows.bias)
 
     def rope_in_fp32(self) -> "DraftHead":
         """Rotary frequencies in fp32 after a cast to the target's dtype (``.to`` casts buffers too): in bf16 the
@@ -126,10 +167,15 @@ class DraftHead(LlamaPreTrainedModel):
         embedding and output layer, and valid kept ids. Compiled code depends on their shapes, not their values."""
         weight, vocab = self.fc.weight, self.config.vocab_size
         stand_in = dict(device=weight.device, dtype=weight.dtype)
-        self._target = (nn.Embedding(vocab, self.config.hidden_size, **stand_in),
-                        nn.Linear(self.config.hidden_size, vocab, bias=False, **stand_in), None)
+        self._target = (nn.Embedding(vocab, self.feature_size, **stand_in),
+                        nn.Linear(self.feature_size, vocab, bias=False, **stand_in), None)
         if self.lm_head is not None:
             self.lm_head.token_ids.copy_(torch.arange(self.lm_head.num_kept, device=weight.device))
+
+    @property
+    def feature_size(self) -> int:
+        """The width of the features it reads and returns: its target's hidden size."""
+        return self.fc.in_features // 2
 
     def bound_to(self, target: PreTrainedModel) -> bool:
         """It reads through ``target``'s own embedding."""
@@ -164,11 +210,12 @@ class DraftHead(LlamaPreTrainedModel):
         hidden = self.norm(x)
         kept = hidden if logits_to_keep is None else hidden[:, logits_to_keep]
         if self.lm_head is not None:  # its own, over the kept tokens (soft-capped there)
-            return DraftHeadOutput(logits=self.lm_head(kept), hidden=hidden)
+            features = hidden if self.up is None else self.up(hidden)
+            return DraftHeadOutput(logits=self.lm_head(kept), hidden=features, own_hidden=hidden)
         logits = lm_head(kept.to(lm_head.weight.dtype))
         if softcap is not None:
             logits = torch.tanh(logits / softcap) * softcap
-        return DraftHeadOutput(logits=logits, hidden=hidden)
+        return DraftHeadOutput(logits=logits, hidden=hidden, own_hidden=hidden)
 
 
 def check_target(target: PreTrainedModel) -> None:

@@ -4,8 +4,8 @@ One program per row: a first pass sums the squares in float32 over column tiles 
 each tile, rounds it to the input's dtype (as transformers does before the weight), multiplies by the weight in
 float32 and stores in the promoted dtype; the second pass reads the row again from L2. The tile is the same for
 every width, so a target and its draft share one JIT compile inside a process's first call (a tile per width
-cost one more, 0.3 s on an H200 host). The sum's order differs from PyTorch's reduction, so the variance may differ in its last
-float32 bits (an output an ulp apart, rarely), as Inductor's compiled norm may too.
+cost one more, 0.3 s on an H200 host). The sum's order differs from PyTorch's reduction, so the variance may
+differ in its last float32 bits (an output an ulp apart, rarely), as Inductor's compiled norm may too.
 """
 from __future__ import annotations
 

@@ -179,7 +179,7 @@ class BackgroundCompile:
             tables[:, :_SCRATCH_BLOCKS] = torch.arange(_SCRATCH_BLOCKS * rows, device=device).view(rows, -1)
             scratch = PagedModel(self.model, cache, self.vocab_size, compiled)
             head = scratch.reads_hidden  # a draft head: features in, and a first step at k = 0 keeps no logits
-            hidden = self.model.config.hidden_size if head else 0
+            hidden = self.model.feature_size if head else 0  # the target's width (a narrow head's layer is narrower)
             for b, q, last_only, layout in SHAPES + (HEAD_SHAPES if head else ()):
                 if layout == "rows":
                     ids = torch.full((b,), 3, dtype=torch.long, device=device)
