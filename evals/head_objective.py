@@ -96,10 +96,8 @@ def unrolled_steps(head, ids, f, steps, autocast, through=None):
             extra["attention_mask"] = unroll_mask(t - 1, s, ids.device)
         with autocast():
             out = head(tokens, pos, feats, logits_to_keep=keep, **extra)
-            if through is not None:
-                logits = through.kept_logits(out.hidden)
-            else:
-                logits = head.lm_head.kept_logits(out.hidden) if reduced else out.logits
+            layer = head.lm_head if through is None else through  # a narrow head: the target's rows over up(g)
+            logits = layer.kept_logits(out.hidden) if reduced else out.logits
         yield s, out.hidden, logits
         feats = torch.cat([feats[:, :1], out.hidden[:, :-1].to(feats.dtype)], dim=1)
 

@@ -57,7 +57,6 @@ _PROBES = {"embedding": "hf_specdec.target_embedding_probe", "lm_head": "hf_spec
 class DraftHeadOutput(ModelOutput):
     logits: Optional[torch.Tensor] = None  # (1 or batch, kept tokens, V) of the rows ``logits_to_keep`` names
     hidden: Optional[torch.Tensor] = None  # (1 or batch, T, H) g_i of every token: the next step's features
-    own_hidden: Optional[torch.Tensor] = None  # (1 or batch, T, h) g_i at the head's width: its output layer's input
 
 
 class DraftHead(LlamaPreTrainedModel):
@@ -211,11 +210,11 @@ class DraftHead(LlamaPreTrainedModel):
         kept = hidden if logits_to_keep is None else hidden[:, logits_to_keep]
         if self.lm_head is not None:  # its own, over the kept tokens (soft-capped there)
             features = hidden if self.up is None else self.up(hidden)
-            return DraftHeadOutput(logits=self.lm_head(kept), hidden=features, own_hidden=hidden)
+            return DraftHeadOutput(logits=self.lm_head(kept), hidden=features)
         logits = lm_head(kept.to(lm_head.weight.dtype))
         if softcap is not None:
             logits = torch.tanh(logits / softcap) * softcap
-        return DraftHeadOutput(logits=logits, hidden=hidden, own_hidden=hidden)
+        return DraftHeadOutput(logits=logits, hidden=hidden)
 
 
 def check_target(target: PreTrainedModel) -> None:

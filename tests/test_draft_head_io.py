@@ -187,13 +187,11 @@ def test_a_row_cut_by_a_host_criterion_leaves_the_head_a_valid_first_read():
 def test_the_workers_skeleton_of_a_bf16_head_runs(kept):
     """The compile worker rebuilds a head from its class, config and dtypes; the stand-ins for the target's modules
     come in the head's own dtype (bf16 here), and its forward runs."""
-    from hf_specdec.runner.compile_worker import _tensors, skeleton
+    from hf_specdec.runner.compile_worker import _tensors, model_spec, skeleton
 
     target = make_model("llama", seed=3).to(torch.bfloat16)
     head = hf_specdec.DraftHead.for_target(target, kept_ids=None if kept is None else torch.arange(5, 5 + kept))
-    spec_ = {"module": type(head).__module__, "class": type(head).__name__, "config": head.config.to_dict(),
-             "device": "cpu", "dtypes": {n: str(t.dtype).removeprefix("torch.") for n, t in _tensors(head)}}
-    small = skeleton(spec_)
+    small = skeleton(model_spec(head))
     assert {n: (t.shape, t.dtype) for n, t in _tensors(small)} == {n: (t.shape, t.dtype) for n, t in _tensors(head)}
     hidden = head.config.hidden_size
     out = small(torch.zeros(1, 3, dtype=torch.long), torch.arange(3)[None], torch.zeros(1, 3, hidden, dtype=torch.bfloat16))

@@ -113,13 +113,11 @@ def test_save_and_load_a_narrow_head(targets, tmp_path):
 def test_the_workers_skeleton_of_a_narrow_bf16_head_runs():
     """The compile worker rebuilds the head from its config: stand-ins of the target's modules at the target's
     width, the head's own modules at its width."""
-    from hf_specdec.runner.compile_worker import _tensors, skeleton
+    from hf_specdec.runner.compile_worker import _tensors, model_spec, skeleton
 
     target = make_model("llama", seed=3).to(torch.bfloat16)
     head = narrow_head(target)
-    spec_ = {"module": type(head).__module__, "class": type(head).__name__, "config": head.config.to_dict(),
-             "device": "cpu", "dtypes": {n: str(t.dtype).removeprefix("torch.") for n, t in _tensors(head)}}
-    small = skeleton(spec_)
+    small = skeleton(model_spec(head))
     assert {n: (t.shape, t.dtype) for n, t in _tensors(small)} == {n: (t.shape, t.dtype) for n, t in _tensors(head)}
     H = target.config.hidden_size
     out = small(torch.zeros(1, 3, dtype=torch.long), torch.arange(3)[None], torch.zeros(1, 3, H, dtype=torch.bfloat16))

@@ -25,10 +25,7 @@ _TIMEOUT_S = 1200
 def compile_in_subprocess(model: PreTrainedModel, key: str, vocab_size: int, block_size: int,
                           table_width: int = 16) -> Optional[str]:
     """Run the worker for ``model``; None when it succeeded, else what went wrong (the caller compiles it all)."""
-    spec = {"class": type(model).__name__, "module": type(model).__module__, "config": model.config.to_dict(),
-            "dtypes": {name: str(t.dtype).removeprefix("torch.") for name, t in _tensors(model)},
-            "device": str(next(model.parameters()).device), "key": key, "vocab": vocab_size, "block": block_size,
-            "table_width": table_width}
+    spec = {**model_spec(model), "key": key, "vocab": vocab_size, "block": block_size, "table_width": table_width}
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
@@ -43,6 +40,13 @@ def compile_in_subprocess(model: PreTrainedModel, key: str, vocab_size: int, blo
     if done.returncode:
         return (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
     return None
+
+
+def model_spec(model: PreTrainedModel) -> dict:
+    """What ``skeleton`` rebuilds ``model`` from: its class, config, each tensor's dtype and its device."""
+    return {"class": type(model).__name__, "module": type(model).__module__, "config": model.config.to_dict(),
+            "dtypes": {name: str(t.dtype).removeprefix("torch.") for name, t in _tensors(model)},
+            "device": str(next(model.parameters()).device)}
 
 
 def _tensors(model):
