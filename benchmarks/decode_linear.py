@@ -10,6 +10,10 @@ times the kernel launched without and with programmatic dependent launch (``kern
 launches overlap, as a layer's kernels do in the model); ``--sweep-pdl on`` sweeps only with it on.
 
     python benchmarks/decode_linear.py --out decode_linear.json [--sweep] [--pdl off,on]
+
+A sweep's JSON is a table the runner reads (``HF_SPECDEC_GEMV_TABLE=FILE``, ``kernels/decode_linear_triton.py``):
+
+    python benchmarks/decode_linear.py --shapes narrow.qkv,narrow.fc --sweep --pdl off --sweep-pdl off --out gemv.json
 """
 from __future__ import annotations
 
@@ -38,6 +42,9 @@ SHAPES = {  # name: (out features N, in features K)
     "pair.fc": (1536, 3072), "pair.lm_head": (16384, 1536),
     "pair_draft.qkv": (1024, 512), "pair_draft.o": (512, 512), "pair_draft.gate_up": (3072, 512),
     "pair_draft.down": (512, 1536), "pair_draft.lm_head": (16384, 512),
+    # a narrow head of the pair (DraftHead.for_target(target, hidden_size=512)): q/k/v (also `up`, 1536 x 512),
+    # gate/up, down, fc; its o_proj and output layer are the draft model's shapes above
+    "narrow.qkv": (1536, 512), "narrow.gate_up": (2688, 512), "narrow.down": (512, 1344), "narrow.fc": (512, 3072),
 }
 # Every launch either table holds (the H200's sweep of 2026-11-27 ran without block_k 128 and 4 stages: 72 launches).
 SWEEP = {"block_n": (1, 2, 4, 8), "block_k": (128, 256, 512, 1024), "num_warps": (2, 4, 8), "num_stages": (1, 2, 4)}

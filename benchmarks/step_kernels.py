@@ -58,11 +58,13 @@ def main(argv=None) -> dict:
             kernels = kernel_summary(pieces["draft_step"], getattr(assistant.config, "num_hidden_layers", 1), dev,
                                      top=40)
             row = {"batch": b, "assistant": name, "draft_step_ms": costs["draft_step"],
-                   "draft_first_step_ms": costs["draft_first_step"], "kernels": kernels,
+                   "draft_first_step_ms": costs["draft_first_step"], "propose_ms": costs["propose"],
+                   "round_ms": costs["round"], "kernels": kernels,
                    "params": sum(p.numel() for p in assistant.parameters())}
             report["rows"].append(row)
             print(f"b={b} {name:<14} step {row['draft_step_ms']:.4f} ms  kernels {kernels['per_step']:.0f}  "
-                  f"busy {kernels['busy_us']:.1f} us", flush=True)
+                  f"busy {kernels['busy_us']:.1f} us  propose (k = 4) {row['propose_ms']:.4f} ms  round "
+                  f"{row['round_ms']:.4f} ms", flush=True)
             if b == 1:
                 for kname, count, us in kernels["top"]:
                     print(f"      {count:5.1f} x {us:7.2f} us  {kname[:80]}")

@@ -52,11 +52,11 @@ def check_token_ids(token_ids: Union[torch.Tensor, Sequence[int]], vocab_size: i
 class ReducedVocabHead(nn.Module):
     """Logits for ``token_ids`` only, scattered into a ``vocab_size`` row filled with ``fill_value``.
 
-    ``weight`` ``(N, hidden)``: the output rows of the kept tokens; ``token_ids`` ``(N,)``, a buffer
-    (saved with the weights). ``bias`` ``(N,)`` or None: the kept entries of the output layer's bias
+    ``weight`` ``(N, hidden)``: the output rows of the kept tokens, in the order of ``token_ids`` ``(N,)``; both
+    are kept sorted by id (the ids a buffer, saved with the weights). ``bias`` ``(N,)`` or None: the kept entries of the output layer's bias
     (Phi-style heads have one). ``softcap``: Gemma-style final logit soft-capping, applied to the kept
     logits here (capping the fill would turn it into ``-softcap`` and give it probability).
-    Compile- and graph-friendly: one matmul and one ``index_copy``, no host work.
+    Compile- and graph-friendly: one matmul and one ``index_copy`` (none when every token is kept), no host work.
     """
 
     def __init__(self, weight: torch.Tensor, token_ids: torch.Tensor, vocab_size: int,
@@ -69,11 +69,13 @@ class ReducedVocabHead(nn.Module):
         if bias is not None and tuple(bias.shape) != (ids.numel(),):
             raise ValueError(f"ReducedVocabHead needs one bias entry per kept token: {ids.numel()} ids, "
                              f"bias of shape {tuple(bias.shape)}.")
-        self.weight = nn.Parameter(weight.detach().clone())
+        # rows given in the order of token_ids, kept in the ids' sorted order
+        order = torch.as_tensor(token_ids, dtype=torch.long, device="cpu").flatten().argsort().to(weight.device)
+        self.weight = nn.Parameter(weight.detach()[order])  # a gather: a copy of its own
         if bias is None:
             self.register_parameter("bias", None)
         else:
-            self.bias = nn.Parameter(bias.detach().to(device=weight.device, dtype=weight.dtype).clone())
+            self.bias = nn.Parameter(bias.detach().to(device=weight.device, dtype=weight.dtype)[order])
         self.register_buffer("token_ids", ids.to(weight.device))
         self.vocab_size = int(vocab_size)
         self.softcap = softcap
@@ -91,6 +93,8 @@ class ReducedVocabHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         kept = self.kept_logits(hidden)
+        if self.num_kept == self.vocab_size:  # sorted unique ids of every token: in place already (a narrow head's)
+            return kept
         full = kept.new_full((*kept.shape[:-1], self.vocab_size), fill_value(kept.dtype))
         return full.index_copy(-1, self.token_ids, kept)
 

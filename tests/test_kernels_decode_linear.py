@@ -111,6 +111,39 @@ def test_h200_table_leaves_output_layers_to_cublas(monkeypatch, name):
     assert dl.gemv_config(512, 512, cpu)["block_n"] == 2  # the pair draft's o_proj, swept on the H200 too
 
 
+def test_a_sweep_file_is_read_before_the_tables(monkeypatch, tmp_path):
+    """``HF_SPECDEC_GEMV_TABLE``: a decode_linear.py sweep of this GPU chooses the GEMV where it won by 5% and cuBLAS
+    where it did not, for the shapes it holds; the built-in table answers the rest; another GPU's file is not used;
+    a file that is no sweep is refused, naming the variable and the fix."""
+    import json
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    cpu, fast = torch.device("cpu"), dict(block_n=4, block_k=256, num_warps=8, num_stages=1)
+    row = dict(rows=1, pdl="off", config=fast)
+    sweep = {"gpu": "NVIDIA H200", "rows": [dict(row, n=1536, k=512, cublas_over_triton=1.4),  # won
+                                            dict(row, n=512, k=512, cublas_over_triton=1.02),  # level: cuBLAS
+                                            dict(row, n=700, k=300, cublas_over_triton=2.0, pdl="on")]}  # PDL on
+    path = tmp_path / "gemv.json"
+    path.write_text(json.dumps(sweep))
+    monkeypatch.setenv(dl.TABLE_ENV, str(path))
+    dl.swept_launches.cache_clear()
+    assert dl.gemv_config(1536, 512, cpu) == fast
+    assert dl.gemv_config(512, 512, cpu) is None  # in the built-in table, but the file says cuBLAS
+    assert dl.gemv_config(700, 300, cpu) is None  # swept with PDL on only, which is off here
+    assert dl.gemv_config(2048, 2048, cpu)["block_k"] == 512  # not in the file: the built-in table's
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(dict(sweep, gpu="NVIDIA A100-SXM4-80GB")))
+    monkeypatch.setenv(dl.TABLE_ENV, str(other))
+    with pytest.warns(RuntimeWarning, match="not this 'NVIDIA H200'"):
+        assert dl.gemv_config(1536, 512, cpu) is None
+    (tmp_path / "bad.json").write_text("{}")
+    monkeypatch.setenv(dl.TABLE_ENV, str(tmp_path / "bad.json"))
+    with pytest.raises(ValueError, match="HF_SPECDEC_GEMV_TABLE=.*decode_linear.py --sweep"):
+        dl.gemv_config(1536, 512, cpu)
+    dl.swept_launches.cache_clear()
+
+
 def test_op_schema_and_reference():
     x, w, b = torch.randn(1, 16), torch.randn(8, 16), torch.randn(8)
     torch.library.opcheck(torch.ops.hf_specdec.decode_linear.default, (x, w, b))

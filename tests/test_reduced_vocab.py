@@ -99,6 +99,20 @@ def test_head_scatters_kept_logits_and_caps_only_them():
     torch.testing.assert_close(last[0], got[0, [3, 8]])
 
 
+def test_a_head_of_every_token_returns_its_logits_in_place():
+    """Every token kept (a narrow draft head's own output layer): the ids are 0..V-1 in order, so the logits are the
+    matmul's own (capped), with no scatter into a filled row."""
+    gen = torch.Generator().manual_seed(4)
+    weight, bias, hidden = torch.randn(10, 6, generator=gen), torch.randn(10, generator=gen), torch.randn(3, 6)
+    head = ReducedVocabHead(weight, torch.arange(10), 10, softcap=2.0, bias=bias)
+    mirrored = ReducedVocabHead(weight.flip(0), torch.arange(9, -1, -1), 10, softcap=2.0, bias=bias.flip(0))
+    assert torch.equal(mirrored.token_ids, torch.arange(10))  # rows given in the ids' order, kept sorted by id
+    with torch.no_grad():
+        got = head(hidden)
+    torch.testing.assert_close(got, torch.tanh(torch.nn.functional.linear(hidden, weight, bias) / 2.0) * 2.0)
+    assert torch.equal(got, head.kept_logits(hidden)) and torch.equal(mirrored(hidden), got)
+
+
 @pytest.mark.parametrize("runner", [False, True], ids=["hf", "graph_safe"])
 def test_processed_draft_probabilities_are_zero_outside_the_kept_set(runner):
     """Through temperature, top-p, typical, eta and repetition penalty (Hugging Face's and the runner's

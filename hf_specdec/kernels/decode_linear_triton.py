@@ -40,10 +40,18 @@ Elsewhere ``decode_linear_triton`` calls ``F.linear`` (cuBLAS) itself: gate/up (
 down_proj, 8B q/k/v, a 1B q/k/v, the pair target's q/k/v on an H200, a 32k-token output layer, every output layer on
 an H200 (its cuBLAS reads them at 4.2 TB/s), any shape not measured, other GPUs, several rows, float32, a weight
 or bias with a stride along its last dimension.
+
+A sweep of one's own GPU and model (``benchmarks/decode_linear.py --sweep --pdl off --sweep-pdl off --out FILE``)
+is read instead of these tables for the shapes it holds when ``HF_SPECDEC_GEMV_TABLE=FILE``: the GEMV where it beat
+cuBLAS by ``SWEEP_WIN``, cuBLAS elsewhere.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
+import os
+import warnings
 from typing import Optional
 
 import torch
@@ -51,7 +59,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .pdl import pdl_launch
+from .pdl import pdl_enabled, pdl_launch
 from .pdl_triton import wait_for_previous_then_release_next
 
 # Tuning knobs for benchmarks/decode_linear.py's sweep: {"block_n", "block_k", "num_warps", "num_stages"}.
@@ -126,10 +134,39 @@ def measured_gpu(device: torch.device) -> Optional[str]:
     return "H200" if "H200" in torch.cuda.get_device_name(device) else "H100"
 
 
+TABLE_ENV = "HF_SPECDEC_GEMV_TABLE"  # a decode_linear.py --sweep JSON of this GPU, read before the tables above
+SWEEP_WIN = 1.05  # how much faster than cuBLAS a swept launch must be to be chosen
+
+
+@functools.lru_cache(maxsize=None)
+def swept_launches(path: str, gpu_name: str, pdl: str) -> dict:
+    """(N, K) -> the launch (None: cuBLAS) of every one-row shape the sweep at ``path`` timed on ``gpu_name`` with
+    PDL ``pdl`` ("on" / "off"). A file of another GPU gives nothing (with a warning): its timings are not this one's."""
+    try:
+        with open(path) as fh:
+            sweep = json.load(fh)
+        rows = sweep["rows"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{TABLE_ENV}={path!r} is not a benchmarks/decode_linear.py --sweep result ({exc}). Write one "
+                         "with `python benchmarks/decode_linear.py --sweep --pdl off --sweep-pdl off --out FILE`, "
+                         f"or unset {TABLE_ENV}.") from exc
+    if sweep.get("gpu") != gpu_name:
+        warnings.warn(f"{TABLE_ENV}={path!r} was swept on {sweep.get('gpu')!r}, not this {gpu_name!r}: it is not "
+                      "used; the built-in tables are.", RuntimeWarning, stacklevel=3)
+        return {}
+    return {(row["n"], row["k"]): (row["config"] if row["cublas_over_triton"] >= SWEEP_WIN else None)
+            for row in rows if row.get("rows") == 1 and row.get("pdl") == pdl and row.get("config")}
+
+
 def gemv_config(n: int, k: int, device: torch.device) -> Optional[dict]:
     """The launch for an ``(n, k)`` weight where the kernel beat cuBLAS on this GPU, else None."""
     if LAUNCH_OVERRIDE:
         return dict(LAUNCH_OVERRIDE)
+    path = os.environ.get(TABLE_ENV)
+    if path:
+        swept = swept_launches(path, torch.cuda.get_device_name(device), "on" if pdl_enabled(device) else "off")
+        if (n, k) in swept:
+            return dict(swept[(n, k)]) if swept[(n, k)] else None
     gpu = measured_gpu(device)
     if gpu is None:
         return None

@@ -11,8 +11,9 @@ counts of 1 apart, which torch specialises).
 
 What is compiled is ``fused_projections.shared_projections(model).module_copy(model)``: q/k/v and gate/up
 run as one matmul each, over weights the user's parameters are views of; in it, Llama-family attention modules
-hand their keys over before the rotary (``rotary_attention.py``: rotary and K/V write in one launch). The user's
-modules are not changed (``compile_regions`` and the copies are shallow copies that share modules and weights).
+hand their keys over before the rotary (``rotary_attention.py``: rotary and K/V write in one launch). A draft head
+of one layer is compiled whole instead (``compiled_whole``). The user's modules are not changed
+(``compile_regions`` and the copies are shallow copies that share modules and weights).
 """
 from __future__ import annotations
 
@@ -29,8 +30,18 @@ _CACHE_SIZE_LIMIT = 64
 
 
 def compile_model(model: PreTrainedModel, backend="inductor"):
-    """A callable like ``model`` whose repeated decoder layers (and other children) are compiled."""
+    """A callable like ``model`` whose repeated decoder layers (and other children) are compiled; a draft head of
+    one layer is compiled whole (``compiled_whole``)."""
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, _CACHE_SIZE_LIMIT)
     fused = rotary_attention_copy(shared_projections(model).module_copy(model))
     options = {"options": inductor_options()} if backend == "inductor" else {}
+    if compiled_whole(model):
+        return torch.compile(fused, dynamic=True, backend=backend, **options)
     return compile_regions(fused, dynamic=True, backend=backend, **options)
+
+
+def compiled_whole(model: PreTrainedModel) -> bool:
+    """A draft head (``draft_head.py``) of one layer: there is no layer to share, and compiled whole, the code
+    around its layer fuses with the layer's own (the embedding lookup with the concatenation fc reads, the layer's
+    last residual add with the final norm), where regions would launch each on its own, at every draft step."""
+    return getattr(model, "reads_target_hidden", False) and len(getattr(model, "layers", ())) == 1

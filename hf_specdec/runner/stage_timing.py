@@ -4,7 +4,8 @@ After a ``generate()`` call the runner still holds each bucket's state and graph
 times, on one bucket, a draft step (1 token per row), the draft's first step (2 tokens),
 the target's verify forward (k+1 tokens), a plain target step (1 token) and a whole
 round (the captured propose + verify graphs), each as a captured graph replayed many
-times between CUDA events. All rows are marked done first, so the replays change no
+times between CUDA events. A forward's inputs are made before it is captured: its time
+is the model's kernels alone, as in a round, where they are an earlier kernel's output. All rows are marked done first, so the replays change no
 length: the shapes, and so the costs, are those of live rows.
 """
 from __future__ import annotations
@@ -51,13 +52,15 @@ def time_stages(runner: SpecRunner, bucket: int, repeats: int = 50,
     spec, k = runner.spec, runner.spec.k
     target = runner.models["target"]
     device = s.hist.device
+    # Each forward's inputs are made here, once, outside what is timed: a round's steps read tensors an earlier
+    # kernel left (a draft step the tokens the last one chose), so gathering them is not part of a step's cost.
+    step_ids, step_positions = s.hist[:, 0].contiguous(), s.length - 1
+    verify_ids = s.hist[:, : k + 1].reshape(-1).contiguous()
+    verify_positions = ((s.length - 1)[:, None] + torch.arange(k + 1, device=device)).view(-1)
     pieces: dict[str, Callable[[], object]] = {
-        "target_step": lambda: target.forward(s.hist[:, 0].contiguous(), s.length - 1, s.target_tables, s.length, 1,
-                                              True),
-        "verify_forward": lambda: target.forward(s.hist[:, : k + 1].reshape(-1).contiguous(),
-                                                 ((s.length - 1)[:, None] + torch.arange(k + 1, device=device)).view(-1),
-                                                 s.target_tables, s.length + k, k + 1, False,
-                                                 hidden=s.features is not None),
+        "target_step": lambda: target.forward(step_ids, step_positions, s.target_tables, s.length, 1, True),
+        "verify_forward": lambda: target.forward(verify_ids, verify_positions, s.target_tables, s.length + k, k + 1,
+                                                 False, hidden=s.features is not None),
     }
     stages = dict(spec.stages(s, runner.models, k))  # the round's own: propose (k > 0), verify and commit
     pieces["verify_and_commit"] = stages["verify"]
@@ -65,14 +68,14 @@ def time_stages(runner: SpecRunner, bucket: int, repeats: int = 50,
         draft = runner.models["draft"]
         head = draft.reads_hidden  # a draft head reads features with its tokens
         step_in = dict(features=s.features[:, 0].contiguous()) if head else {}
-        pieces["draft_step"] = lambda: draft.forward(s.hist[:, 0].contiguous(), s.length - 1, s.draft_tables,
-                                                     s.length, 1, True, **step_in)
+        pieces["draft_step"] = lambda: draft.forward(step_ids, step_positions, s.draft_tables, s.length, 1, True,
+                                                     **step_in)
         first = k + 1 if head else 2  # a head's first step reads the last round's k+1 pairs; a model's, 2 tokens
-        span = torch.arange(first, device=device)
+        first_ids = s.hist[:, :first].reshape(-1).contiguous()
+        first_positions = ((s.length - first)[:, None] + torch.arange(first, device=device)).view(-1)
         first_in = dict(features=s.features[:, :first].reshape(-1, s.features.shape[-1]).contiguous()) if head else {}
-        pieces["draft_first_step"] = lambda: draft.forward(
-            s.hist[:, :first].reshape(-1).contiguous(), ((s.length - first)[:, None] + span).view(-1),
-            s.draft_tables, s.length, first, True, **first_in)
+        pieces["draft_first_step"] = lambda: draft.forward(first_ids, first_positions, s.draft_tables, s.length,
+                                                           first, True, **first_in)
         pieces["propose"] = stages["propose"]
     out = {}
     for name, fn in pieces.items():
