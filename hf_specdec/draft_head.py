@@ -203,9 +203,11 @@ class DraftHead(LlamaPreTrainedModel):
         x = self.fc(torch.cat([embed(input_ids).to(dtype), features.to(dtype)], dim=-1))
         position_embeddings = self.rotary_emb(x, position_ids)
         mask = kwargs.pop("attention_mask", None)  # training's unrolled steps (evals/head_objective.py)
-        for layer in self.layers:
+        for layer in self.layers[:-1]:  # the last outside the loop: the paged attention breaks torch.compile's
             x = layer(x, attention_mask=mask, position_ids=position_ids, position_embeddings=position_embeddings,
-                      **kwargs)
+                      **kwargs)  # graph, and a break inside a loop would leave a head of one layer uncompiled
+        x = self.layers[-1](x, attention_mask=mask, position_ids=position_ids, position_embeddings=position_embeddings,
+                            **kwargs)
         hidden = self.norm(x)
         kept = hidden if logits_to_keep is None else hidden[:, logits_to_keep]
         if self.lm_head is not None:  # its own, over the kept tokens (soft-capped there)

@@ -53,8 +53,8 @@ class ReducedVocabHead(nn.Module):
     """Logits for ``token_ids`` only, scattered into a ``vocab_size`` row filled with ``fill_value``.
 
     ``weight`` ``(N, hidden)``: the output rows of the kept tokens, in the order of ``token_ids`` ``(N,)``; both
-    are kept sorted by id (the ids a buffer, saved with the weights). ``bias`` ``(N,)`` or None: the kept entries of the output layer's bias
-    (Phi-style heads have one). ``softcap``: Gemma-style final logit soft-capping, applied to the kept
+    are kept sorted by id (the ids a buffer, saved with the weights). ``bias`` ``(N,)`` or None: the kept entries
+    of the output layer's bias (Phi-style heads have one). ``softcap``: Gemma-style final logit soft-capping, applied to the kept
     logits here (capping the fill would turn it into ``-softcap`` and give it probability).
     Compile- and graph-friendly: one matmul and one ``index_copy`` (none when every token is kept), no host work.
     """

@@ -45,3 +45,31 @@ def test_one_compiled_layer_serves_every_layer_and_every_token_count(family):
     assert many == few, f"6 layers compiled {many} graphs, 2 layers {few}: a layer guards on something of its own"
     assert many[-1] == many[1], f"token counts 3 and 2 compiled again after 1 and 3 ({many})"
     assert not any(type(m).__name__ == "OptimizedModule" for m in model.modules()), "the user's model was changed"
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("narrow", [False, True], ids=["full", "narrow"])
+def test_a_one_layer_draft_head_compiles_whole(narrow):
+    """A head of one layer is compiled as one frame, not as regions: its embedding lookup and the concatenation fc
+    reads fall in the graph of fc and the rotary angles (regions ran them eagerly, two launches a draft step), and
+    the graphs it compiles give its own logits and features."""
+    import hf_specdec
+
+    target = build_model("llama_gqa", num_hidden_layers=2)
+    head = hf_specdec.DraftHead.for_target(target, **({"hidden_size": 32} if narrow else {}))
+    recorder = Recorder()
+    compiled = compile_model(head, backend=recorder)
+    cache = PagedKVCache(64, 4, 4, 64, torch.device("cpu"))
+    rows = cache.add_sequences(2)
+    cache.reserve(rows, [24, 24])
+    with paged_attention_enabled(head):
+        for q in (1, 3):
+            step = cache.batch(torch.tensor(rows), torch.tensor([5, 5]), torch.tensor([q, q]), q, 2 * q)
+            ids, features = torch.randint(3, 90, (2 * q,)), torch.randn(2 * q, target.config.hidden_size)
+            keep = torch.tensor([q - 1, 2 * q - 1])
+            got = paged_forward(head, ids, step, keep, call=compiled, features=features)
+            want = paged_forward(head, ids, step, keep, features=features)
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    first = recorder.codes[0]
+    assert "embedding" in first and "cat" in first and "linear" in first, first

@@ -109,6 +109,8 @@ def test_h200_table_leaves_output_layers_to_cublas(monkeypatch, name):
     assert dl.gemv_config(28672, 4096, cpu) is None
     assert dl.gemv_config(3072, 2048, cpu) is None  # the 1B q/k/v lost to cuBLAS with PDL off (0.92x)
     assert dl.gemv_config(512, 512, cpu)["block_n"] == 2  # the pair draft's o_proj, swept on the H200 too
+    for n, k in ((1536, 512), (2688, 512), (512, 1344), (512, 3072)):  # a narrow head's (hidden 512) matmuls
+        assert dl.gemv_config(n, k, cpu) is not None
 
 
 def test_a_sweep_file_is_read_before_the_tables(monkeypatch, tmp_path):

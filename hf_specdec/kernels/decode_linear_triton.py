@@ -31,10 +31,15 @@ the launch configuration comes from ``gemv_config``, per GPU a table of the shap
     pair draft o_proj 512 x 512      3.07     1.94                    3.13     2.07
     pair draft gate/up 3072 x 512    4.04     3.40                    4.15     3.45
     pair draft down 512 x 1536       5.05     2.68                    5.09     2.75
+    narrow head q/k/v 1536 x 512     3.85     2.66
+    narrow head gate/up 2688 x 512   3.92     3.28
+    narrow head down 512 x 1344      4.81     2.73
+    narrow head fc 512 x 3072        7.18     3.43
 
 (H200 2026-11-28; H100 2026-11-27, the output layers 2026-11-25; "pair": the project's ``evals/build_pair.py``
-models, whose draft head has the target's layer shapes.) A table lists a shape where the GEMV won by 5% or more, or
-ran level and was listed before (one launch where cuBLAS may add a split-K reduction). The H200's was swept with
+models, whose draft head has the target's layer shapes; "narrow head": its head at hidden size 512, H200 only.)
+A table lists a shape where the GEMV won by 5% or more, or ran level and was listed before (one launch where
+cuBLAS may add a split-K reduction). The H200's was swept with
 PDL on the day before; with PDL off, 8B o_proj and 1B down_proj run level, the 1B q/k/v lost (0.92x) and left.
 Elsewhere ``decode_linear_triton`` calls ``F.linear`` (cuBLAS) itself: gate/up (but the pair draft's), an 8B
 down_proj, 8B q/k/v, a 1B q/k/v, the pair target's q/k/v on an H200, a 32k-token output layer, every output layer on
@@ -115,6 +120,11 @@ _MEASURED = {
         (512, 512): dict(block_n=2, block_k=512, num_warps=4, num_stages=2),  # pair draft o_proj
         (3072, 512): dict(block_n=2, block_k=256, num_warps=4, num_stages=4),  # pair draft gate/up
         (512, 1536): dict(block_n=1, block_k=512, num_warps=8, num_stages=4),  # pair draft down_proj
+        # a narrow head of the pair (hidden 512), swept 2026-11-28: q/k/v and up, gate/up, down_proj, fc
+        (1536, 512): dict(block_n=1, block_k=256, num_warps=4, num_stages=4),
+        (2688, 512): dict(block_n=2, block_k=256, num_warps=4, num_stages=2),
+        (512, 1344): dict(block_n=1, block_k=512, num_warps=8, num_stages=1),
+        (512, 3072): dict(block_n=1, block_k=512, num_warps=8, num_stages=4),
     },
 }
 # An output layer over a large vocabulary (measured at 128256 tokens), by hidden size; none on an H200.

@@ -5,8 +5,9 @@ times, on one bucket, a draft step (1 token per row), the draft's first step (2 
 the target's verify forward (k+1 tokens), a plain target step (1 token) and a whole
 round (the captured propose + verify graphs), each as a captured graph replayed many
 times between CUDA events. A forward's inputs are made before it is captured: its time
-is the model's kernels alone, as in a round, where they are an earlier kernel's output. All rows are marked done first, so the replays change no
-length: the shapes, and so the costs, are those of live rows.
+is the model's kernels alone, as in a round, where they are an earlier kernel's output.
+All rows are marked done first, so the replays change no length: the shapes, and so the
+costs, are those of live rows.
 """
 from __future__ import annotations
 
