@@ -229,15 +229,16 @@ def paged_attention_enabled(*models: PreTrainedModel) -> Iterator[None]:
 
 
 def paged_forward(model: PreTrainedModel, input_ids: torch.Tensor, batch, logits_rows: Optional[torch.Tensor],
-                  call=None, hidden: bool = False, features: Optional[torch.Tensor] = None):
+                  call=None, hidden: bool = False, features: Optional[torch.Tensor] = None, float_logits: bool = True):
     """One packed forward over ``input_ids`` ``(T,)``; returns fp32 logits of the rows ``logits_rows`` (None: of
     every token, in order, with no gather: a decode step's and a verify's case).
     ``call``: what to invoke instead of ``model`` itself (its compiled version).
     ``hidden``: also return the last hidden state of every token ``(T, H)``, the features a draft head reads: the
     model's decoder runs, then its output layer on ``logits_rows`` (and its final soft-cap), as its own forward does.
     ``features`` ``(T, H)``: the model is a draft head (``draft_head.py``) reading them; returns its logits and its
-    own hidden states."""
+    own hidden states. ``float_logits=False``: the logits in the model's dtype (no cast kernel)."""
     device = input_device(model)
+    cast = (lambda x: x.float()) if float_logits else (lambda x: x)
     m = call if call is not None else model
     args = dict(input_ids=input_ids[None].to(device), position_ids=batch.positions[None].to(device),
                 **{PAGED_BATCH_KWARG: batch})
@@ -246,7 +247,7 @@ def paged_forward(model: PreTrainedModel, input_ids: torch.Tensor, batch, logits
         if features is not None:  # a head, compiled whole: its inputs without their bases (``_detached``)
             args.update(input_ids=_detached(args["input_ids"]), position_ids=_detached(args["position_ids"]))
             out = m(features=_detached(features[None]), logits_to_keep=None if rows is None else rows.detach(), **args)
-            return out.logits[0].float(), out.hidden[0]
+            return cast(out.logits[0]), out.hidden[0]
         if hidden:
             states = m.get_decoder()(use_cache=False, **args).last_hidden_state
             kept = states if rows is None else states[:, rows]
@@ -254,9 +255,9 @@ def paged_forward(model: PreTrainedModel, input_ids: torch.Tensor, batch, logits
             softcap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
             if softcap is not None:  # in the model's dtype, as its forward does
                 logits = torch.tanh(logits / softcap) * softcap
-            return logits.float(), states[0]
+            return cast(logits), states[0]
         out = m(use_cache=False, logits_to_keep=0 if rows is None else rows, **args)  # 0: every token
-    return out.logits[0].float().to(input_ids.device)
+    return cast(out.logits[0]).to(input_ids.device)
 
 
 def _detached(view: torch.Tensor) -> torch.Tensor:

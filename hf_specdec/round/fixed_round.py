@@ -57,6 +57,13 @@ class RoundSpec:
         never falls behind, so it needs no catch-up and no deferred prefill."""
         return bool(self.k) and PROPOSERS[self.method].every_round
 
+    @property
+    def draft_logits_in_float(self) -> bool:
+        """Drafts are chosen from float32 logits when sampling or the call's processors read them; a greedy draft
+        without processors takes the argmax in the model's dtype (the same token: the cast is exact), one cast
+        kernel fewer a draft step."""
+        return self.do_sample or getattr(self.logits, "reads_history", True)
+
     def stages(self, s: BucketState, models: dict, k: int) -> list[tuple[str, Callable[[], None]]]:
         """A round of ``k <= self.k`` drafts: ``[(name, stage)]``, propose (k > 0, or a proposer that reads every
         round) then verify and commit."""

@@ -71,7 +71,8 @@ class DraftModelProposer:
         # lengths (row j passed as a model's positions and lengths), draft columns
         s.counts.fill_(k)
         for j in range(k):
-            logits = draft.forward(input_ids, positions, s.draft_tables, lens[j, :B], 2 if j == 0 else 1, True)
+            logits = draft.forward(input_ids, positions, s.draft_tables, lens[j, :B], 2 if j == 0 else 1, True,
+                                   float_logits=spec.draft_logits_in_float)
             tokens = draft_token(s, spec, logits, rows, columns[j], j)
             input_ids, positions = tokens, lens[j, :B]
 
@@ -90,7 +91,8 @@ class DraftModelProposer:
         positions = torch.where(s.done[:, None], span % 2, start[:, None] + span)
         input_ids = s.hist.gather(1, (s.pads + start)[:, None] + span).view(-1)
         seq_lens = torch.where(s.done, width, start + width)
-        draft.forward(input_ids, positions.reshape(-1), s.draft_tables, seq_lens, width, True, eager=not compiled)
+        draft.forward(input_ids, positions.reshape(-1), s.draft_tables, seq_lens, width, True, eager=not compiled,
+                      float_logits=False)  # nothing reads them
         s.behind.sub_(width).clamp_(min=0)
 
 
@@ -122,8 +124,10 @@ class HeadProposer:
         input_ids = s.hist.gather(1, (s.pads + first + 1)[:, None] + span).view(-1)
         positions = (first[:, None] + span).view(-1)
         pick = rows * width + (s.keep - 1).clamp(min=0)  # each row's last committed pair
+        in_float = spec.draft_logits_in_float
         logits, g = head.forward(input_ids, positions, s.draft_tables, first + width, width, False,
-                                 features=s.features.view(B * width, -1), rows=pick if k else pick[:0])
+                                 features=s.features.view(B * width, -1), rows=pick if k else pick[:0],
+                                 float_logits=in_float)
         s.counts.fill_(k)
         if not k:
             return
@@ -133,7 +137,8 @@ class HeadProposer:
         for j in range(k):
             tokens = draft_token(s, spec, logits, rows, columns[j + 1], j)
             if j + 1 < k:  # step j+2 reads draft j at position length-1+j
-                logits, g = head.forward(tokens, at[j, :B], s.draft_tables, at[j + 1, :B], 1, True, features=g)
+                logits, g = head.forward(tokens, at[j, :B], s.draft_tables, at[j + 1, :B], 1, True, features=g,
+                                         float_logits=in_float)
 
 
 class NgramProposer:

@@ -38,19 +38,21 @@ class PagedModel:
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor,
                 seq_lens: torch.Tensor, q: int, last_only: bool, eager: bool = False, hidden: bool = False,
-                features: Optional[torch.Tensor] = None, rows: Optional[torch.Tensor] = None):
+                features: Optional[torch.Tensor] = None, rows: Optional[torch.Tensor] = None,
+                float_logits: bool = True):
         """``input_ids``/``positions`` ``(B*q,)``, row b's tokens at ``[b*q, (b+1)*q)``; ``seq_lens`` ``(B,)``
         lengths after the step. Returns fp32 logits ``(B, V)`` of each row's last token, or ``(B*q, V)``.
         ``eager``: the model uncompiled even when compiled (an odd one-off shape would recompile it).
         ``hidden`` (a target) or ``features`` ``(B*q, H)`` (a draft head): returns ``(logits, hidden states of every
-        token (B*q, H))`` (``cache.paged_forward``). ``rows``: the token indices whose logits to compute instead."""
+        token (B*q, H))`` (``cache.paged_forward``). ``rows``: the token indices whose logits to compute instead.
+        ``float_logits=False``: logits in the model's dtype, as a greedy draft without processors reads them."""
         block_size = self.cache.block_size
         slots, query_start_loc, lens, last = kernels.step_metadata(tables, positions, seq_lens, q, block_size)
         batch = PagedBatch(self.cache, tables, lens, query_start_loc, slots, positions, q)
         if rows is None and last_only and q > 1:
             rows = last  # else every token's logits are read: no gather (one token a row: the last is every one)
         call = self.plain if eager or self.call is None else self.call
-        out = paged_forward(self.model, input_ids, batch, rows, call, hidden, features)
+        out = paged_forward(self.model, input_ids, batch, rows, call, hidden, features, float_logits)
         if isinstance(out, tuple):
             return align_vocab(out[0], self.vocab_size), out[1]
         return align_vocab(out, self.vocab_size)

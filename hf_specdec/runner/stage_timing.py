@@ -69,12 +69,14 @@ def time_stages(runner: SpecRunner, bucket: int, repeats: int = 50,
         draft = runner.models["draft"]
         head = draft.reads_hidden  # a draft head reads features with its tokens
         step_in = dict(features=s.features[:, 0].contiguous()) if head else {}
+        step_in["float_logits"] = spec.draft_logits_in_float  # as the round's steps read them
         pieces["draft_step"] = lambda: draft.forward(step_ids, step_positions, s.draft_tables, s.length, 1, True,
                                                      **step_in)
         first = k + 1 if head else 2  # a head's first step reads the last round's k+1 pairs; a model's, 2 tokens
         first_ids = s.hist[:, :first].reshape(-1).contiguous()
         first_positions = ((s.length - first)[:, None] + torch.arange(first, device=device)).view(-1)
         first_in = dict(features=s.features[:, :first].reshape(-1, s.features.shape[-1]).contiguous()) if head else {}
+        first_in["float_logits"] = spec.draft_logits_in_float
         pieces["draft_first_step"] = lambda: draft.forward(first_ids, first_positions, s.draft_tables, s.length,
                                                            first, True, **first_in)
         pieces["propose"] = stages["propose"]
