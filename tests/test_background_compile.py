@@ -307,3 +307,17 @@ def test_the_workers_skeleton_of_a_draft_head_runs_without_its_target():
     assert {n: t.shape for n, t in _tensors(small)} == {n: t.shape for n, t in _tensors(head)}
     out = small(torch.zeros(1, 3, dtype=torch.long), torch.arange(3)[None], torch.zeros(1, 3, head.config.hidden_size))
     assert out.logits.shape == (1, 3, target.config.vocab_size)
+
+
+def test_the_workers_skeleton_of_a_head_keeps_its_layers_and_so_how_it_compiles():
+    """A head of two layers compiles by regions, one of one layer whole (compiled_regions.compiled_whole): its
+    skeleton keeps every layer, so the worker compiles what the caller's process will."""
+    import hf_specdec
+    from hf_specdec.runner.compile_worker import model_spec, skeleton
+    from hf_specdec.runner.compiled_regions import compiled_whole
+
+    target = build_model("llama_gqa", num_hidden_layers=2)
+    for layers in (1, 2):
+        head = hf_specdec.DraftHead.for_target(target, num_layers=layers)
+        small = skeleton(model_spec(head))
+        assert len(small.layers) == layers and compiled_whole(small) == compiled_whole(head) == (layers == 1)

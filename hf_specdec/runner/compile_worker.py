@@ -60,7 +60,9 @@ def skeleton(spec: dict) -> PreTrainedModel:
     cls = getattr(module, spec["class"])
     config = cls.config_class.from_dict(spec["config"])
     kinds = getattr(config, "layer_types", None)
-    if isinstance(kinds, list) and kinds:
+    if getattr(cls, "reads_target_hidden", False):
+        pass  # a draft head keeps its few layers: one compiles whole, more by regions (compiled_regions), as here
+    elif isinstance(kinds, list) and kinds:
         config.layer_types = list(dict.fromkeys(kinds))  # the first layer of each kind
         config.num_hidden_layers = len(config.layer_types)
     else:

@@ -41,7 +41,8 @@ def compile_model(model: PreTrainedModel, backend="inductor"):
 
 
 def compiled_whole(model: PreTrainedModel) -> bool:
-    """A draft head (``draft_head.py``) of one layer: there is no layer to share, and compiled whole, the code
-    around its layer fuses with the layer's own (the embedding lookup with the concatenation fc reads, the layer's
-    last residual add with the final norm), where regions would launch each on its own, at every draft step."""
+    """A draft head (``draft_head.py``) of one layer: there is no layer to share, and compiled whole, its embedding
+    lookup and the concatenation fc reads are one kernel, where regions ran them eagerly, two launches a draft step
+    (the layer's own frame still splits around the paged attention, so its last add stays apart from the final
+    norm)."""
     return getattr(model, "reads_target_hidden", False) and len(getattr(model, "layers", ())) == 1
