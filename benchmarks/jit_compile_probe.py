@@ -47,7 +47,8 @@ def _warm(name: str) -> float:
     start = time.perf_counter()
     if name == "rms_norm":
         rn._rms_norm_kernel = Warm(rn._rms_norm_kernel)
-        rn.rms_norm_triton(torch.empty(8, hidden, dtype=dt, device=dev), torch.empty(hidden, dtype=dt, device=dev), 1e-6)
+        x, weight = torch.empty(8, hidden, dtype=dt, device=dev), torch.empty(hidden, dtype=dt, device=dev)
+        rn.rms_norm_triton(x, weight, 1e-6)
     elif name == "silu_mul":
         sm._silu_mul_kernel = Warm(sm._silu_mul_kernel)
         fused = torch.empty(8, 2 * inter, dtype=dt, device=dev)

@@ -54,23 +54,23 @@ class ReducedVocabHead(nn.Module):
 
     ``weight`` ``(N, hidden)``: the output rows of the kept tokens, in the order of ``token_ids`` ``(N,)``; both
     are kept sorted by id (the ids a buffer, saved with the weights). ``bias`` ``(N,)`` or None: the kept entries
-    of the output layer's bias (Phi-style heads have one). ``softcap``: Gemma-style final logit soft-capping, applied to the kept
-    logits here (capping the fill would turn it into ``-softcap`` and give it probability).
+    of the output layer's bias (Phi-style heads have one). ``softcap``: Gemma-style final logit soft-capping,
+    applied to the kept logits here (capping the fill would turn it into ``-softcap`` and give it probability).
     Compile- and graph-friendly: one matmul and one ``index_copy`` (none when every token is kept), no host work.
     """
 
     def __init__(self, weight: torch.Tensor, token_ids: torch.Tensor, vocab_size: int,
                  softcap: Optional[float] = None, bias: Optional[torch.Tensor] = None):
         super().__init__()
-        ids = check_token_ids(token_ids, vocab_size)
+        given = torch.as_tensor(token_ids, dtype=torch.long, device="cpu").flatten()  # not a device context's (meta)
+        ids = check_token_ids(given, vocab_size)
         if weight.dim() != 2 or weight.shape[0] != ids.numel():
             raise ValueError(f"ReducedVocabHead needs one weight row per kept token: {ids.numel()} ids, "
                              f"weight of shape {tuple(weight.shape)}.")
         if bias is not None and tuple(bias.shape) != (ids.numel(),):
             raise ValueError(f"ReducedVocabHead needs one bias entry per kept token: {ids.numel()} ids, "
                              f"bias of shape {tuple(bias.shape)}.")
-        # rows given in the order of token_ids, kept in the ids' sorted order
-        order = torch.as_tensor(token_ids, dtype=torch.long, device="cpu").flatten().argsort().to(weight.device)
+        order = given.argsort().to(weight.device)  # rows given in the order of token_ids, kept in the ids' order
         self.weight = nn.Parameter(weight.detach()[order])  # a gather: a copy of its own
         if bias is None:
             self.register_parameter("bias", None)

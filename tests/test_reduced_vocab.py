@@ -99,7 +99,7 @@ def test_head_scatters_kept_logits_and_caps_only_them():
     torch.testing.assert_close(last[0], got[0, [3, 8]])
 
 
-def test_a_head_of_every_token_returns_its_logits_in_place():
+def test_a_head_of_every_token_returns_its_logits_in_place(monkeypatch):
     """Every token kept (a narrow draft head's own output layer): the ids are 0..V-1 in order, so the logits are the
     matmul's own (capped), with no scatter into a filled row."""
     gen = torch.Generator().manual_seed(4)
@@ -107,7 +107,8 @@ def test_a_head_of_every_token_returns_its_logits_in_place():
     head = ReducedVocabHead(weight, torch.arange(10), 10, softcap=2.0, bias=bias)
     mirrored = ReducedVocabHead(weight.flip(0), torch.arange(9, -1, -1), 10, softcap=2.0, bias=bias.flip(0))
     assert torch.equal(mirrored.token_ids, torch.arange(10))  # rows given in the ids' order, kept sorted by id
-    with torch.no_grad():
+    with torch.no_grad(), monkeypatch.context() as patch:
+        patch.setattr(torch.Tensor, "index_copy", lambda *a, **k: pytest.fail("every token kept: no scatter"))
         got = head(hidden)
     torch.testing.assert_close(got, torch.tanh(torch.nn.functional.linear(hidden, weight, bias) / 2.0) * 2.0)
     assert torch.equal(got, head.kept_logits(hidden)) and torch.equal(mirrored(hidden), got)

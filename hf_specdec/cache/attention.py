@@ -244,9 +244,11 @@ def paged_forward(model: PreTrainedModel, input_ids: torch.Tensor, batch, logits
                 **{PAGED_BATCH_KWARG: batch})
     with _paged_implementation(model), kwargs_left_in_place(model, "logits_to_keep"):
         rows = None if logits_rows is None else logits_rows.to(hidden_states_device(model))  # indexes the last layer
-        if features is not None:  # a head, compiled whole: its inputs without their bases (``_detached``)
-            args.update(input_ids=_detached(args["input_ids"]), position_ids=_detached(args["position_ids"]))
-            out = m(features=_detached(features[None]), logits_to_keep=None if rows is None else rows.detach(), **args)
+        if features is not None:  # a head, compiled whole: its inputs detach()ed, the same memory but no view's base
+            # (torch.compile guards on the sizes of a view's base: history rows, a (rows, tokens, width) features
+            # buffer, the head's own last output; each layout would compile the head again)
+            args.update(input_ids=args["input_ids"].detach(), position_ids=args["position_ids"].detach())
+            out = m(features=features[None].detach(), logits_to_keep=None if rows is None else rows.detach(), **args)
             return cast(out.logits[0]), out.hidden[0]
         if hidden:
             states = m.get_decoder()(use_cache=False, **args).last_hidden_state
@@ -258,10 +260,3 @@ def paged_forward(model: PreTrainedModel, input_ids: torch.Tensor, batch, logits
             return cast(logits), states[0]
         out = m(use_cache=False, logits_to_keep=0 if rows is None else rows, **args)  # 0: every token
     return cast(out.logits[0]).to(input_ids.device)
-
-
-def _detached(view: torch.Tensor) -> torch.Tensor:
-    """The same tensor, storage and strides, but no view of its base: torch.compile guards on the base's sizes of a
-    view it is handed (rows of a history table, a head's features in a (rows, tokens, width) buffer or its own last
-    output), so each base layout would compile the head again; ``detach`` keeps the memory and drops the base."""
-    return view.detach()
