@@ -25,6 +25,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
+import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script from anywhere
 
@@ -48,6 +49,8 @@ SHAPES = {  # name: (out features N, in features K)
 }
 # Every launch either table holds (the H200's sweep of 2026-11-27 ran without block_k 128 and 4 stages: 72 launches).
 SWEEP = {"block_n": (1, 2, 4, 8), "block_k": (128, 256, 512, 1024), "num_warps": (2, 4, 8), "num_stages": (1, 2, 4)}
+# The TMA kernel's launches (its K loop pipelined num_stages tiles deep; a tile at most 256 wide, TMA's box limit).
+SWEEP_TMA = {"block_n": (8, 16, 32, 64), "block_k": (128, 256), "num_warps": (4,), "num_stages": (4, 8)}
 L2_CLEAR_BYTES = 256 << 20
 
 
@@ -76,12 +79,23 @@ def graph_time_us(fn, weights, x, calls: int) -> float:
     return best
 
 
-def configs(sweep: bool):
+def configs(sweep: bool, space: dict, k: int, tma: bool):
+    """The launches to time: the table's own, or every one of ``space`` but a tile wider than K's next power of two
+    (it repeats the one-tile launch at that width) and a tile of over 256 weights a thread (registers spill); with
+    ``tma``, every launch of ``SWEEP_TMA`` too."""
     if not sweep:
         yield {}  # the table's own (gemv_config), or cuBLAS where the table has none
         return
-    for values in itertools.product(*SWEEP.values()):
-        yield dict(zip(SWEEP, values))
+    for values in itertools.product(*space.values()):
+        cfg = dict(zip(space, values))
+        per_thread = cfg["block_n"] * cfg["block_k"] // (32 * cfg["num_warps"])
+        if cfg["block_k"] <= triton.next_power_of_2(k) and per_thread <= 256:
+            yield cfg
+    if tma:
+        for values in itertools.product(*SWEEP_TMA.values()):
+            cfg = dict(zip(SWEEP_TMA, values), tma=True)
+            if cfg["block_k"] <= triton.next_power_of_2(k):
+                yield cfg
 
 
 def main() -> None:
@@ -92,8 +106,13 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--pdl", default="off,on", help="launch modes to time: off, on or both")
     parser.add_argument("--sweep-pdl", default="on", help="the modes in which --sweep sweeps (else the table's)")
+    for knob, values in SWEEP.items():
+        parser.add_argument(f"--{knob.replace('_', '-')}", default=",".join(map(str, values)),
+                            help=f"--sweep's values of {knob} (block_k at or past K: one tile, no loop)")
+    parser.add_argument("--no-tma", action="store_true", help="--sweep leaves the TMA kernel's launches out")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    space = {knob: tuple(int(v) for v in getattr(args, knob).split(",")) for knob in SWEEP}
     dtype, device = torch.bfloat16, torch.device("cuda")
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": str(dtype), "rows": []}
     user_pdl = os.environ.get(PDL_ENV)
@@ -109,7 +128,7 @@ def main() -> None:
             for pdl in args.pdl.split(","):
                 os.environ[PDL_ENV] = "1" if pdl == "on" else "0"
                 best = None
-                for cfg in configs(args.sweep and pdl in args.sweep_pdl.split(",")):
+                for cfg in configs(args.sweep and pdl in args.sweep_pdl.split(","), space, k, not args.no_tma):
                     dl.LAUNCH_OVERRIDE.clear()
                     dl.LAUNCH_OVERRIDE.update(cfg)
                     try:
@@ -138,9 +157,9 @@ def main() -> None:
                 os.environ[PDL_ENV] = user_pdl
         del weights
         torch.cuda.empty_cache()
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        if args.out:  # after every shape: a sweep cut short keeps what it timed
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -90,6 +90,8 @@ class DraftHead(LlamaPreTrainedModel):
         the target's head_dim; its heads are that many head_dims, its MLP the target's in proportion); it has an
         output layer of its own, over ``kept_ids`` or the whole vocabulary, started as the target's rows through
         ``up``."""
+        if num_layers < 1:
+            raise ValueError(f"num_layers={num_layers}: a draft head has at least one decoder layer (1 is EAGLE's).")
         check_target(target)
         tc = target.config.get_text_config()
         features = tc.hidden_size

@@ -142,6 +142,8 @@ def test_reduced_vocab_head_is_exact_proposes_kept_tokens_and_round_trips(target
         assert torch.equal(loaded(ids, torch.arange(7).expand(2, -1), features).logits, logits)
     with pytest.raises(ValueError, match="kept token ids must lie in"):
         hf_specdec.DraftHead.for_target(target, kept_ids=[1, VOCAB])
+    with pytest.raises(ValueError, match="num_layers=0: a draft head has at least one decoder layer"):
+        hf_specdec.DraftHead.for_target(target, num_layers=0)
 
 
 def test_a_head_in_another_dtype_than_its_target():

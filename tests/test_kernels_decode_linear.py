@@ -16,7 +16,8 @@ from hf_specdec.kernels import decode_linear_triton as dl  # noqa: E402
 from hf_specdec.runner.inductor_passes import SharedMatmulCSE  # noqa: E402
 
 CONFIGS = [dict(block_n=2, block_k=512, num_warps=2, num_stages=4), dict(block_n=4, block_k=128, num_warps=4,
-                                                                          num_stages=2)]
+                                                                          num_stages=2),
+           dict(block_n=2, block_k=1024, num_warps=4, num_stages=1)]  # every K below in one tile, no loop
 
 
 @pytest.fixture
@@ -40,6 +41,34 @@ def test_gemv_matches_reference(launch, dtype, n, k, with_bias):
     assert got.shape == (1, 1, n) and got.dtype == dtype
     ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10
     torch.testing.assert_close(got.float(), want, rtol=ulp, atol=ulp)
+
+
+TMA_CONFIGS = [dict(tma=True, block_n=8, block_k=64, num_warps=4, num_stages=3),
+               dict(tma=True, block_n=16, block_k=128, num_warps=4, num_stages=2)]
+
+
+@pytest.mark.parametrize("launch", TMA_CONFIGS, indirect=True)
+@pytest.mark.parametrize("n,k", [(37, 304), (64, 1024), (5, 136)])  # rows and K tiles past the ends: zeros
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_tma_gemv_matches_reference(launch, n, k, with_bias, monkeypatch):
+    """The TMA kernel (tiles by tensor descriptor, K loop pipelined), never cuBLAS's fallback."""
+    gen = torch.Generator().manual_seed(n + k)
+    x = torch.randn(1, k, generator=gen).to(torch.bfloat16)
+    w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(torch.bfloat16)
+    b = torch.randn(n, generator=gen).to(torch.bfloat16) if with_bias else None
+    want = F.linear(x.float(), w.float(), None if b is None else b.float())
+    monkeypatch.setattr(dl.F, "linear", lambda *a: pytest.fail("fell back to F.linear"))
+    got = dl.decode_linear_triton(x, w, b)
+    torch.testing.assert_close(got.float(), want, rtol=2 ** -7, atol=2 ** -7)
+
+
+@pytest.mark.parametrize("launch", TMA_CONFIGS[:1], indirect=True)
+def test_tma_launch_of_a_misaligned_weight_runs_linear_itself(launch):
+    """A TMA descriptor needs a 16-byte aligned base and row stride: a view one column in, or K = 300 (600-byte
+    rows), runs ``F.linear`` as is."""
+    x, w = torch.randn(1, 64).to(torch.bfloat16), torch.randn(24, 65).to(torch.bfloat16)
+    assert not dl.tma_readable(w[:, 1:]) and not dl.tma_readable(torch.empty(8, 300, dtype=torch.bfloat16))
+    assert torch.equal(dl.decode_linear_triton(x, w[:, 1:], None), F.linear(x, w[:, 1:]))
 
 
 @pytest.mark.parametrize("launch", CONFIGS[:1], indirect=True)
@@ -107,7 +136,8 @@ def test_h200_table_leaves_output_layers_to_cublas(monkeypatch, name):
     assert dl.gemv_config(4096, 4096, cpu)["block_n"] == 8  # the H200's own launch, not the H100's
     assert dl.gemv_config(2048, 2048, cpu) is not None
     assert dl.gemv_config(28672, 4096, cpu) is None
-    assert dl.gemv_config(3072, 2048, cpu) is None  # the 1B q/k/v lost to cuBLAS with PDL off (0.92x)
+    assert dl.gemv_config(3072, 2048, cpu)["tma"]  # the 1B q/k/v: the TMA kernel (cuBLAS beat the other one)
+    assert dl.gemv_config(4096, 4096, cpu)["tma"]  # the 8B o_proj too
     assert dl.gemv_config(512, 512, cpu)["block_n"] == 2  # the pair draft's o_proj, swept on the H200 too
     for n, k in ((1536, 512), (2688, 512), (512, 1344), (512, 3072)):  # a narrow head's (hidden 512) matmuls
         assert dl.gemv_config(n, k, cpu) is not None
@@ -133,7 +163,7 @@ def test_a_sweep_file_is_read_before_the_tables(monkeypatch, tmp_path):
     assert dl.gemv_config(1536, 512, cpu) == fast
     assert dl.gemv_config(512, 512, cpu) is None  # in the built-in table, but the file says cuBLAS
     assert dl.gemv_config(700, 300, cpu) is None  # swept with PDL on only, which is off here
-    assert dl.gemv_config(2048, 2048, cpu)["block_k"] == 512  # not in the file: the built-in table's
+    assert dl.gemv_config(2048, 2048, cpu)["block_k"] == 2048  # not in the file: the built-in table's
     other = tmp_path / "other.json"
     other.write_text(json.dumps(dict(sweep, gpu="NVIDIA A100-SXM4-80GB")))
     monkeypatch.setenv(dl.TABLE_ENV, str(other))
@@ -142,6 +172,11 @@ def test_a_sweep_file_is_read_before_the_tables(monkeypatch, tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     monkeypatch.setenv(dl.TABLE_ENV, str(tmp_path / "bad.json"))
     with pytest.raises(ValueError, match="HF_SPECDEC_GEMV_TABLE=.*decode_linear.py --sweep"):
+        dl.gemv_config(1536, 512, cpu)
+    no_ratio = dict(sweep, rows=[dict(row, n=1536, k=512)])  # a row without cublas_over_triton
+    (tmp_path / "no_ratio.json").write_text(json.dumps(no_ratio))
+    monkeypatch.setenv(dl.TABLE_ENV, str(tmp_path / "no_ratio.json"))
+    with pytest.raises(ValueError, match="KeyError.*cublas_over_triton.*decode_linear.py --sweep"):
         dl.gemv_config(1536, 512, cpu)
     dl.swept_launches.cache_clear()
 

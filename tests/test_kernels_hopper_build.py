@@ -1,7 +1,7 @@
 """Triton kernels compile for a Hopper GPU (sm_90: cubin through the wheel's ptxas), with no GPU: those not yet run
 on a GPU when they were written (the round's commit, step metadata, prompt lookup, the rotary + K/V write,
-RMSNorm, SiLU·up), and the layer kernels' programmatic dependent launch variants (``USE_PDL``: the GEMV, the K/V
-write, the attention and its split-KV combine, the rotary + K/V write, RMSNorm, SiLU·up).
+RMSNorm, SiLU·up), and the layer kernels' programmatic dependent launch variants (``USE_PDL``: the GEMVs (loop,
+one tile, TMA), the K/V write, the attention and its split-KV combine, the rotary + K/V write, RMSNorm, SiLU·up).
 
 CPU tests run the kernels under Triton's interpreter, which executes their Python but never lowers them; a
 construct the compiler refuses would first fail on a GPU. This builds every variant the runner can launch
@@ -85,7 +85,11 @@ from hf_specdec.kernels import decode_linear_triton as dl, paged_attention_trito
 pdl = dict(options=dict(num_warps=4, launch_pdl=True))
 variants = [
     (dl._gemv_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", bias_ptr="*bf16", y_ptr="*bf16", N="i32", K="i32",
-                           stride_wn="i32"), dict(HAS_BIAS=False, BLOCK_N=4, BLOCK_K=512)),
+                           stride_wn="i32"), dict(HAS_BIAS=False, BLOCK_N=4, BLOCK_K=512, ONE_TILE=False)),
+    (dl._gemv_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", bias_ptr="*bf16", y_ptr="*bf16", N="i32", K="i32",
+                           stride_wn="i32"), dict(HAS_BIAS=True, BLOCK_N=4, BLOCK_K=2048, ONE_TILE=True)),
+    (dl._gemv_tma_kernel, dict(x_ptr="*bf16", w_desc="tensordesc<bf16[8, 256]>", bias_ptr="*bf16", y_ptr="*bf16",
+                               N="i32", K="i32"), dict(HAS_BIAS=False, BLOCK_N=8, BLOCK_K=256, NUM_STAGES=4)),
     (pa._write_kv_kernel, dict(key_ptr="*bf16", value_ptr="*bf16", key_cache_ptr="*bf16", value_cache_ptr="*bf16",
                                slot_ptr="*i64", **{n: "i32" for n in (
                                    "num_kv_heads", "head_dim", "block_size", "stride_kt", "stride_kh", "stride_vt",
@@ -114,6 +118,8 @@ for fn, sig, constexprs in variants if hasattr(tl.extra.cuda, "gdc_wait") else [
     sig = {name: sig.get(name, "constexpr") for name in fn.arg_names}  # in the kernel's own order
     kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=target, **pdl)
     assert "griddepcontrol.wait" in kernel.asm["ptx"] and "griddepcontrol.launch_dependents" in kernel.asm["ptx"]
+    if fn is dl._gemv_tma_kernel:  # the weight tiles come by TMA, NUM_STAGES of them in flight
+        assert kernel.asm["ptx"].count("cp.async.bulk.tensor") >= 4
     assert kernel.asm["cubin"], "no cubin"
     built += 1
 print("built", built, "" if hasattr(tl.extra.cuda, "gdc_wait") else "(no PDL in this Triton)")
@@ -129,4 +135,4 @@ def test_kernels_build_for_hopper(tmp_path):
     done = subprocess.run([sys.executable, "-c", _BUILD], cwd=root, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
-    assert "built 14" in done.stdout or "built 7 (no PDL in this Triton)" in done.stdout, done.stdout
+    assert "built 16" in done.stdout or "built 7 (no PDL in this Triton)" in done.stdout, done.stdout
