@@ -73,3 +73,33 @@ def test_a_one_layer_draft_head_compiles_whole(narrow):
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     first = recorder.codes[0]
     assert "embedding" in first and "cat" in first and "linear" in first, first
+
+
+@torch.no_grad()
+def test_a_head_compiled_whole_takes_views_of_any_base_without_compiling_again():
+    """The round hands a head views: its ids a column of the history, its features rows of a (rows, tokens, width)
+    buffer or its own last output, each base sized by the bucket. ``paged_forward`` detaches them (the same memory,
+    no base), so the compiled head compiles once per token count, not once per base layout."""
+    import hf_specdec
+
+    target = build_model("llama_gqa", num_hidden_layers=2)
+    head = hf_specdec.DraftHead.for_target(target)
+    recorder = Recorder()
+    compiled = compile_model(head, backend=recorder)
+    cache = PagedKVCache(64, 4, 4, 64, torch.device("cpu"))
+    rows = cache.add_sequences(2)
+    cache.reserve(rows, [24, 24])
+    width = target.config.hidden_size
+    step = cache.batch(torch.tensor(rows), torch.tensor([5, 5]), torch.tensor([1, 1]), 1, 2)
+    counts = []
+    with paged_attention_enabled(head):
+        for tokens, depth in ((2, 0), (5, 3), (9, 7)):  # bases of other sizes each time, the views alike
+            history = torch.randint(3, 90, (2, 40 + tokens))
+            buffer = torch.randn(2, tokens, width)
+            ids, features = history[:, 7 + depth], buffer[:, depth]
+            got = paged_forward(head, ids, step, None, call=compiled, features=features)
+            want = paged_forward(head, ids.clone(), step, None, features=features.clone())
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+            counts.append(recorder.graphs)
+    assert counts[0] == counts[1] == counts[2], f"graphs after each base layout: {counts}"
