@@ -47,9 +47,11 @@ SHAPES = {  # name: (out features N, in features K)
     # gate/up, down, fc; its o_proj and output layer are the draft model's shapes above
     "narrow.qkv": (1536, 512), "narrow.gate_up": (2688, 512), "narrow.down": (512, 1344), "narrow.fc": (512, 3072),
 }
-# Every launch either table holds (the H200's sweep of 2026-11-27 ran without block_k 128 and 4 stages: 72 launches).
-SWEEP = {"block_n": (1, 2, 4, 8), "block_k": (128, 256, 512, 1024), "num_warps": (2, 4, 8), "num_stages": (1, 2, 4)}
-# The TMA kernel's launches (its K loop pipelined num_stages tiles deep; a tile at most 256 wide, TMA's box limit).
+# Every launch either table holds (block_k at or past K: the rows whole in one tile, no loop; the one-tile launches
+# of the H200's table came from a sweep of block_k 256-16384, num_warps 4-16 and 1 stage, 2026-11-29).
+SWEEP = {"block_n": (1, 2, 4, 8), "block_k": (128, 256, 512, 1024, 2048, 4096, 8192, 16384),
+         "num_warps": (2, 4, 8, 16), "num_stages": (1, 2, 4)}
+# The TMA kernel's launches (its K loop software-pipelined over num_stages).
 SWEEP_TMA = {"block_n": (8, 16, 32, 64), "block_k": (128, 256), "num_warps": (4,), "num_stages": (4, 8)}
 L2_CLEAR_BYTES = 256 << 20
 
@@ -82,16 +84,17 @@ def graph_time_us(fn, weights, x, calls: int) -> float:
 def configs(sweep: bool, space: dict, k: int, tma: bool):
     """The launches to time: the table's own, or every one of ``space`` but a tile wider than K's next power of two
     (it repeats the one-tile launch at that width) and a tile of over 256 weights a thread (registers spill); with
-    ``tma``, every launch of ``SWEEP_TMA`` too."""
+    ``tma`` (and a Triton and K that TMA can serve), every launch of ``SWEEP_TMA`` too."""
     if not sweep:
         yield {}  # the table's own (gemv_config), or cuBLAS where the table has none
         return
     for values in itertools.product(*space.values()):
         cfg = dict(zip(space, values))
         per_thread = cfg["block_n"] * cfg["block_k"] // (32 * cfg["num_warps"])
-        if cfg["block_k"] <= triton.next_power_of_2(k) and per_thread <= 256:
+        looped = cfg["block_k"] < k  # stages pipeline the loop: a one-tile launch has none, timed at 1 stage only
+        if cfg["block_k"] <= triton.next_power_of_2(k) and per_thread <= 256 and (looped or cfg["num_stages"] == 1):
             yield cfg
-    if tma:
+    if tma and dl.TensorDescriptor is not None and k % 8 == 0:  # else a TMA launch would run cuBLAS (tma_readable)
         for values in itertools.product(*SWEEP_TMA.values()):
             cfg = dict(zip(SWEEP_TMA, values), tma=True)
             if cfg["block_k"] <= triton.next_power_of_2(k):

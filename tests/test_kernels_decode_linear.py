@@ -48,18 +48,21 @@ TMA_CONFIGS = [dict(tma=True, block_n=8, block_k=64, num_warps=4, num_stages=3),
 
 
 @pytest.mark.parametrize("launch", TMA_CONFIGS, indirect=True)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n,k", [(37, 304), (64, 1024), (5, 136)])  # rows and K tiles past the ends: zeros
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_tma_gemv_matches_reference(launch, n, k, with_bias, monkeypatch):
-    """The TMA kernel (tiles by tensor descriptor, K loop pipelined), never cuBLAS's fallback."""
+def test_tma_gemv_matches_reference(launch, dtype, n, k, with_bias, monkeypatch):
+    """The TMA kernel (tiles by tensor descriptor, K loop pipelined), neither cuBLAS's fallback nor the other GEMV."""
     gen = torch.Generator().manual_seed(n + k)
-    x = torch.randn(1, k, generator=gen).to(torch.bfloat16)
-    w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(torch.bfloat16)
-    b = torch.randn(n, generator=gen).to(torch.bfloat16) if with_bias else None
+    x = torch.randn(1, k, generator=gen).to(dtype)
+    w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(dtype)
+    b = torch.randn(n, generator=gen).to(dtype) if with_bias else None
     want = F.linear(x.float(), w.float(), None if b is None else b.float())
     monkeypatch.setattr(dl.F, "linear", lambda *a: pytest.fail("fell back to F.linear"))
+    monkeypatch.setattr(dl, "_gemv_kernel", None)  # indexing it would fail
     got = dl.decode_linear_triton(x, w, b)
-    torch.testing.assert_close(got.float(), want, rtol=2 ** -7, atol=2 ** -7)
+    ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10
+    torch.testing.assert_close(got.float(), want, rtol=ulp, atol=ulp)
 
 
 @pytest.mark.parametrize("launch", TMA_CONFIGS[:1], indirect=True)
@@ -177,6 +180,12 @@ def test_a_sweep_file_is_read_before_the_tables(monkeypatch, tmp_path):
     (tmp_path / "no_ratio.json").write_text(json.dumps(no_ratio))
     monkeypatch.setenv(dl.TABLE_ENV, str(tmp_path / "no_ratio.json"))
     with pytest.raises(ValueError, match="KeyError.*cublas_over_triton.*decode_linear.py --sweep"):
+        dl.gemv_config(1536, 512, cpu)
+    no_stages = dict(sweep, rows=[dict(row, n=1536, k=512, cublas_over_triton=1.4, config=dict(block_n=4, block_k=256,
+                                                                                              num_warps=8))])
+    (tmp_path / "no_stages.json").write_text(json.dumps(no_stages))
+    monkeypatch.setenv(dl.TABLE_ENV, str(tmp_path / "no_stages.json"))
+    with pytest.raises(ValueError, match="KeyError.*num_stages.*decode_linear.py --sweep"):
         dl.gemv_config(1536, 512, cpu)
     dl.swept_launches.cache_clear()
 

@@ -118,7 +118,7 @@ for fn, sig, constexprs in variants if hasattr(tl.extra.cuda, "gdc_wait") else [
     sig = {name: sig.get(name, "constexpr") for name in fn.arg_names}  # in the kernel's own order
     kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=target, **pdl)
     assert "griddepcontrol.wait" in kernel.asm["ptx"] and "griddepcontrol.launch_dependents" in kernel.asm["ptx"]
-    if fn is dl._gemv_tma_kernel:  # the weight tiles come by TMA, NUM_STAGES of them in flight
+    if fn is dl._gemv_tma_kernel:  # the weight tiles come by TMA, several loads in flight (a pipelined loop)
         assert kernel.asm["ptx"].count("cp.async.bulk.tensor") >= 4
     assert kernel.asm["cubin"], "no cubin"
     built += 1
