@@ -21,9 +21,9 @@ Random weights (nothing downloaded) in Llama-3.1-8B's shapes for the target and 
    compile_config=CompileConfig()) as benchmarks/cold_start.py's hf_compiled (a first call compiles; the
    second is timed): hf_step = median wall ms between consecutive steps (a stopping criterion that syncs and
    reads the clock at every step; HF synchronises every step anyway).
-5. kernels: torch.profiler over replays of time_stages' captured target_step and draft_step graphs (or, where
-   kernels inside graphs are not visible, one run of the same stage outside its graph: "source" says which), divided by
-   the layer count; the top kernels of the target step by time.
+5. kernels: torch.profiler over replays of time_stages' captured target_step, draft_step and (at k = 4)
+   verify_forward graphs (or, where kernels inside graphs are not visible, one run of the same stage outside its
+   graph: "source" says which), divided by the layer count; the top kernels of the target step and the verify by time.
 6. projection (labelled so): speedup over HF's step and over our k = 0 round for acceptance rate a in
    {0.6, 0.7, 0.8, 0.9} and k in 1..8, with E = (1 - a^(k+1)) / (1 - a) tokens a round and
    round_cost(k) = k * draft_step + (draft_first_step - draft_step) + verify(k+1) + (round - forwards) at k = 4,
@@ -200,6 +200,8 @@ def runner_costs(target, draft, batch: int, args, device: torch.device) -> dict:
             row.update({name: costs[name] for name in ("draft_step", "draft_first_step", "propose",
                                                        "verify_and_commit", "round")})
             row["kernels"]["draft"] = kernel_summary(pieces["draft_step"], draft.config.num_hidden_layers, device)
+            # the verify of k + 1 tokens a row: where b = 32's round grows past b = 1's (its attention, its matmuls)
+            row["kernels"]["verify"] = kernel_summary(pieces["verify_forward"], target.config.num_hidden_layers, device)
         log(f"b={batch} k={k}: {metrics.fast_path}, call {row['call_s'][str(k)]} s; "
             + " ".join(f"{n} {v:.3f}" for n, v in costs.items()) + " (ms)")
     row["all_compiled"] = all(path == "graphs+compile" for path in row["fast_path"].values())
@@ -264,8 +266,11 @@ def print_summary(row: dict) -> None:
     for name, k in kt.items():
         log(f"b={row['batch']}: {name} step {k['per_step']:.0f} kernels, {k['per_layer']:.1f} per layer "
             f"[{k['source']}]")
-    for name, count, us in kt["target"]["top"][:10]:
-        print(f"    {us:9.1f} us {count:6.1f}x  {name}")
+    for piece in ("target", "verify"):
+        if piece in kt:
+            log(f"b={row['batch']}: {piece} ({kt[piece]['busy_us']:.0f} us busy), top kernels")
+            for name, count, us in kt[piece]["top"][:10]:
+                print(f"    {us:9.1f} us {count:6.1f}x  {name}")
     if row["projection"]["overhead_ms"] < 0:
         log(f"b={row['batch']}: the round measured less than its forwards (noise): the projection is unreliable")
     for a, entry in row["projection"]["by_alpha"].items():

@@ -148,11 +148,13 @@ def _kernel_tables(rows: list[dict], top: int = 8) -> list[str]:
         fmt = lambda k: f"{k['per_step']:.0f} ({k['per_layer']:.1f})" if k else "-"  # noqa: E731
         lines.append(f"| {r['batch']} | {fmt(kt)} | {fmt(kd)} | {(kt or kd or {}).get('source', '-')} |")
     for r in rows:
-        kt = r.get("kernels", {}).get("target")
-        if kt:
-            lines += ["", f"Target step at b = {r['batch']}: top kernels by time ({kt['busy_us']:.0f} us busy)", "",
-                      "| kernel | count | us |", "|---|---|---|"]
-            lines += [f"| `{name.replace('|', '/')}` | {count:g} | {us:.1f} |" for name, count, us in kt["top"][:top]]
+        for piece, title in (("target", "Target step"), ("verify", f"Verify of {ROUND_K + 1} tokens a row")):
+            kt = r.get("kernels", {}).get(piece)
+            if kt:
+                lines += ["", f"{title} at b = {r['batch']}: top kernels by time ({kt['busy_us']:.0f} us busy)", "",
+                          "| kernel | count | us |", "|---|---|---|"]
+                lines += [f"| `{name.replace('|', '/')}` | {count:g} | {us:.1f} |"
+                          for name, count, us in kt["top"][:top]]
     return lines
 
 

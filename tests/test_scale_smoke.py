@@ -52,10 +52,10 @@ def test_rows_have_positive_costs(result):
         assert r["floor_share"]["target_step"] == pytest.approx(f["target"] / r["target_step"])
         assert r["floor_share"]["round"] == pytest.approx((f["draft_2"] + 3 * f["draft"] + f["target_5"]) / r["round"])
         assert r["ratios"]["draft_over_target"] == pytest.approx(r["draft_step"] / r["target_step"])
-        for name in ("target", "draft"):
+        for name, model in (("target", "target"), ("draft", "draft"), ("verify", "target")):
             k = r["kernels"][name]
             assert k["per_step"] > 0 and k["top"] and k["source"].startswith("cpu")
-            assert k["per_layer"] == pytest.approx(k["per_step"] / result["models"][name]["layers"])
+            assert k["per_layer"] == pytest.approx(k["per_step"] / result["models"][model]["layers"])
     ratios = result["batch_ratios"]["b2_over_b1"]
     assert ratios["target_step"] == pytest.approx(result["rows"][1]["target_step"] / result["rows"][0]["target_step"])
 
