@@ -56,6 +56,19 @@ SWEEP_TMA = {"block_n": (8, 16, 32, 64), "block_k": (128, 256), "num_warps": (4,
 L2_CLEAR_BYTES = 256 << 20
 
 
+def rotated_weights(n: int, k: int, dtype, device, total_bytes: int = L2_CLEAR_BYTES, least: int = 2) -> list:
+    """Copies of an (n, k) weight, at least ``total_bytes`` in all, so that a launch never finds its weight in L2."""
+    copies = max(least, -(-total_bytes // (n * k * torch.tensor([], dtype=dtype).element_size())))
+    return [torch.randn(n, k, dtype=dtype, device=device) / k ** 0.5 for _ in range(copies)]
+
+
+def save_shapes_so_far(result: dict, path) -> None:
+    """The JSON after every shape: a run cut short keeps what it timed."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+
+
 def graph_time_us(fn, weights, x, calls: int) -> float:
     """us per call of ``fn(x, weight)`` over ``calls`` launches cycling through ``weights``, replayed in a graph."""
     stream = torch.cuda.Stream()
@@ -122,8 +135,7 @@ def main() -> None:
     print(result["gpu"], result["torch"])
     for name in args.shapes.split(","):
         n, k = SHAPES[name]
-        copies = max(2, -(-L2_CLEAR_BYTES // (n * k * 2)))
-        weights = [torch.randn(n, k, dtype=dtype, device=device) / k ** 0.5 for _ in range(copies)]
+        weights = rotated_weights(n, k, dtype, device)
         for m in map(int, args.rows.split(",")):
             x = torch.randn(m, k, dtype=dtype, device=device)
             ref = F.linear(x, weights[0])
@@ -160,9 +172,7 @@ def main() -> None:
                 os.environ[PDL_ENV] = user_pdl
         del weights
         torch.cuda.empty_cache()
-        if args.out:  # after every shape: a sweep cut short keeps what it timed
-            with open(args.out, "w") as f:
-                json.dump(result, f, indent=1)
+        save_shapes_so_far(result, args.out)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script from anywhere
 
-from benchmarks.decode_linear import SHAPES, graph_time_us  # noqa: E402
+from benchmarks.decode_linear import SHAPES, graph_time_us, rotated_weights, save_shapes_so_far  # noqa: E402
 from hf_specdec.kernels.decode_linear_triton import decode_linear_triton  # noqa: E402
 
 DEFAULT_SHAPES = {
@@ -167,8 +167,7 @@ def main() -> None:
     sink = torch.zeros(4096, dtype=torch.float32, device=dev)
     for name in (args.shapes or DEFAULT_SHAPES[args.probe]).split(","):
         n, k = SHAPES[name]
-        copies = max(4, -(-(512 << 20) // (n * k * 2)))
-        weights = [torch.randn(n, k, dtype=dt, device=dev) / k ** 0.5 for _ in range(copies)]
+        weights = rotated_weights(n, k, dt, dev, total_bytes=512 << 20, least=4)
         x = torch.randn(1, k, dtype=dt, device=dev)
         row = {"shape": name, "n": n, "k": k, "mb": n * k * 2 / 1e6,
                "table": graph_time_us(lambda a, w: decode_linear_triton(a, w, None), weights, x, args.calls),
@@ -181,9 +180,7 @@ def main() -> None:
         print(json.dumps({key: (round(v, 2) if isinstance(v, float) else v) for key, v in row.items()}), flush=True)
         del weights
         torch.cuda.empty_cache()
-        if args.out:  # after every shape: a probe cut short keeps what it timed
-            with open(args.out, "w") as f:
-                json.dump(result, f, indent=1)
+        save_shapes_so_far(result, args.out)
 
 
 if __name__ == "__main__":
