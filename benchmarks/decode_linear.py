@@ -97,7 +97,7 @@ def graph_time_us(fn, weights, x, calls: int) -> float:
 def configs(sweep: bool, space: dict, k: int, tma: bool):
     """The launches to time: the table's own, or every one of ``space`` but a tile wider than K's next power of two
     (it repeats the one-tile launch at that width) and a tile of over 256 weights a thread (registers spill); with
-    ``tma`` (and a Triton and K that TMA can serve), every launch of ``SWEEP_TMA`` too."""
+    ``tma`` (the weight one TMA can address), every launch of ``SWEEP_TMA`` too."""
     if not sweep:
         yield {}  # the table's own (gemv_config), or cuBLAS where the table has none
         return
@@ -107,7 +107,7 @@ def configs(sweep: bool, space: dict, k: int, tma: bool):
         looped = cfg["block_k"] < k  # stages pipeline the loop: a one-tile launch has none, timed at 1 stage only
         if cfg["block_k"] <= triton.next_power_of_2(k) and per_thread <= 256 and (looped or cfg["num_stages"] == 1):
             yield cfg
-    if tma and dl.TensorDescriptor is not None and k % 8 == 0:  # else a TMA launch would run cuBLAS (tma_readable)
+    if tma:
         for values in itertools.product(*SWEEP_TMA.values()):
             cfg = dict(zip(SWEEP_TMA, values), tma=True)
             if cfg["block_k"] <= triton.next_power_of_2(k):
@@ -136,6 +136,7 @@ def main() -> None:
     for name in args.shapes.split(","):
         n, k = SHAPES[name]
         weights = rotated_weights(n, k, dtype, device)
+        tma = not args.no_tma and dl.tma_readable(weights[0])  # else a TMA launch would run cuBLAS
         for m in map(int, args.rows.split(",")):
             x = torch.randn(m, k, dtype=dtype, device=device)
             ref = F.linear(x, weights[0])
@@ -143,7 +144,7 @@ def main() -> None:
             for pdl in args.pdl.split(","):
                 os.environ[PDL_ENV] = "1" if pdl == "on" else "0"
                 best = None
-                for cfg in configs(args.sweep and pdl in args.sweep_pdl.split(","), space, k, not args.no_tma):
+                for cfg in configs(args.sweep and pdl in args.sweep_pdl.split(","), space, k, tma):
                     dl.LAUNCH_OVERRIDE.clear()
                     dl.LAUNCH_OVERRIDE.update(cfg)
                     try:
