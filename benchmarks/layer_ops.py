@@ -5,7 +5,7 @@ Uncompiled forwards run a model's prefills and, before or without compile, its r
 below is a kernel launch (inside the step's CUDA graph, a few microseconds each at a decode step; a pass over the
 activations at a prompt). This counts the aten operations (views and allocations left out, a custom op once) of a
 paged forward through the model itself and through the runner's uncompiled copy (``runner/paged_model.py``:
-rotary with the K/V write, RMSNorm and the MLP's activation in one launch each), also where the first call that
+rotary with the K/V write and the attention, RMSNorm and the MLP's activation in one launch each), also where the first call that
 compiles shared the q/k/v and gate/up storage (``shared``: one matmul a group), per decoder layer (the difference
 between 4 and 2 layers, over 2). Tiny random models, nothing downloaded; the count does not depend on
 the models' size.

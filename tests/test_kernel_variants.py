@@ -21,6 +21,7 @@ pytest.importorskip("triton")
 from hf_specdec.kernels import acceptance_common_triton as common  # noqa: E402
 from hf_specdec.kernels import paged_attention_triton as pa  # noqa: E402
 from hf_specdec.kernels import rejection_sampler_triton as rs  # noqa: E402
+from hf_specdec.kernels import rotary_paged_attention_triton as rpa  # noqa: E402
 from hf_specdec.kernels import typical_acceptance_triton as ta  # noqa: E402
 
 CONFIGS = {  # heads, kv heads, head_dim, vocabulary
@@ -172,6 +173,8 @@ def test_launchers_compile_one_variant_per_kernel(monkeypatch, target):
         monkeypatch.setattr(mod, "_num_programs_target", lambda device: target)
         for name in names:
             monkeypatch.setattr(mod, name, _Spy(getattr(mod, name), logs, mode))
+    fused = "_rotary_paged_attention_kernel"  # the runner's Llama-family layers: rotary, K/V write and attention
+    monkeypatch.setattr(rpa, fused, _Spy(getattr(rpa, fused), logs, mode))
     H, KVH, D, V = CONFIGS["llama-8b"]
     caches = torch.empty(2, 16, KVH, D, dtype=torch.bfloat16)
     for B in (1, 2, 3, 16, 24, 32):
@@ -182,6 +185,9 @@ def test_launchers_compile_one_variant_per_kernel(monkeypatch, target):
             for mode[0], q_len in [("decode" + wide, 1)] + [("verify" + wide, k + 1)] * (k > 0):
                 query = torch.empty(B * q_len, H, D, dtype=torch.bfloat16)
                 pa.paged_attention_triton(query, caches, caches, tables, lens, starts, q_len, D ** -0.5)
+                key, angles = torch.empty(B * q_len, KVH, D, dtype=torch.bfloat16), torch.empty(B * q_len, D)
+                rpa.rotary_paged_attention_triton(query, key, key, angles, angles, caches, caches, tables, lens,
+                                                  starts, torch.zeros(B * q_len, dtype=torch.int64), q_len, D ** -0.5)
             cu = torch.arange(1, B + 1) * k
             drafts, target_probs = torch.zeros(B * k, dtype=torch.int64), torch.empty(B * (k + 1), V)
             noise_u, noise_e = torch.empty(B * k, dtype=torch.float64), torch.empty(B, V)
@@ -201,6 +207,7 @@ def test_launchers_compile_one_variant_per_kernel(monkeypatch, target):
     if target > 8:  # off-GPU, 8 kv heads alone fill the 8-program target: no split KV
         assert seen["_combine_kv_splits_kernel"] == {"decode", "verify"}  # the wide launch runs unsplit
         assert seen["_paged_attention_kernel"] == {"decode", "verify", "decode-wide", "verify-wide"}
+        assert seen["_rotary_paged_attention_kernel"] == seen["_paged_attention_kernel"]
         for q in ("decode", "verify"):
             assert logs[(q, "_paged_attention_kernel")][0] != logs[(q + "-wide", "_paged_attention_kernel")][0]
     else:

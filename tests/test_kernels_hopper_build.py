@@ -1,7 +1,8 @@
 """Triton kernels compile for a Hopper GPU (sm_90: cubin through the wheel's ptxas), with no GPU: those not yet run
 on a GPU when they were written (the round's commit, step metadata, prompt lookup, the rotary + K/V write,
 RMSNorm, SiLU·up), and the layer kernels' programmatic dependent launch variants (``USE_PDL``: the GEMVs (loop,
-one tile, TMA), the K/V write, the attention and its split-KV combine, the rotary + K/V write, RMSNorm, SiLU·up).
+one tile, TMA), the K/V write, the attention and its split-KV combine, the rotary + K/V write, the rotary + K/V
+write + attention, RMSNorm, SiLU·up).
 
 CPU tests run the kernels under Triton's interpreter, which executes their Python but never lowers them; a
 construct the compiler refuses would first fail on a GPU. This builds every variant the runner can launch
@@ -82,6 +83,7 @@ kernel = triton.compile(ASTSource(fn=sl._silu_mul_kernel,
 assert kernel.asm["cubin"], "no cubin"
 built += 1
 from hf_specdec.kernels import decode_linear_triton as dl, paged_attention_triton as pa
+from hf_specdec.kernels import rotary_paged_attention_triton as rpa
 pdl = dict(options=dict(num_warps=4, launch_pdl=True))
 variants = [
     (dl._gemv_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", bias_ptr="*bf16", y_ptr="*bf16", N="i32", K="i32",
@@ -109,6 +111,16 @@ variants = [
      dict(HAS_SOFTCAP=False, HAS_WINDOW=False, IEEE_FP32=False, UPCAST=False, BLOCK_Q=4, BLOCK_M=16, BLOCK_N=32,
           BLOCK_D=128)),
     (rw._rotary_write_kv_kernel, rw_sig, dict(BLOCK_H=16, BLOCK_D=128)),
+    (rpa._rotary_paged_attention_kernel, dict(
+        out_ptr="*bf16", q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", cos_ptr="*bf16", sin_ptr="*bf16",
+        k_cache_ptr="*bf16", v_cache_ptr="*bf16", slot_ptr="*i64", block_tables_ptr="*i32", seq_lens_ptr="*i32",
+        query_start_loc_ptr="*i32", scale="fp32", part_acc_ptr="*fp32", part_ml_ptr="*fp32", **{n: "i32" for n in (
+            "sliding_window", "head_dim", "block_size", "num_groups", "stride_qt", "stride_qh", "stride_kt",
+            "stride_kh", "stride_vt", "stride_vh", "stride_ct", "stride_st", "stride_ot", "stride_oh", "stride_kc_blk",
+            "stride_kc_pos", "stride_kc_h", "stride_vc_blk", "stride_vc_pos", "stride_vc_h", "stride_bt",
+            "num_kv_splits")}),
+     dict(HAS_WINDOW=True, IEEE_FP32=False, UPCAST=False, BLOCK_Q=8, BLOCK_M=32, BLOCK_N=32, BLOCK_NEW=16,
+          BLOCK_D=128)),
     (rn._rms_norm_kernel, rn_sig, dict(BLOCK=1024)),
     (sl._silu_mul_kernel, sl_sig, dict(BLOCK=1024)),
 ]
@@ -135,4 +147,4 @@ def test_kernels_build_for_hopper(tmp_path):
     done = subprocess.run([sys.executable, "-c", _BUILD], cwd=root, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
-    assert "built 16" in done.stdout or "built 7 (no PDL in this Triton)" in done.stdout, done.stdout
+    assert "built 17" in done.stdout or "built 7 (no PDL in this Triton)" in done.stdout, done.stdout

@@ -1,5 +1,5 @@
-"""The runner's copies of Llama-family models: rotary and K/V write in one op (runner/rotary_attention.py, both
-copies), RMSNorm and the MLP's SiLU·up in one op each (runner/eager_fusions.py, the uncompiled copy of
+"""The runner's copies of Llama-family models: rotary and K/V write in one op, with the paged attention past a
+prompt (runner/rotary_attention.py, both copies), RMSNorm and the MLP's SiLU·up in one op each (runner/eager_fusions.py, the uncompiled copy of
 runner/paged_model.py).
 
 The copies' attention modules of Llama, Mistral, Qwen2 and Qwen3 hand their keys over before the rotary; a step's
@@ -65,8 +65,9 @@ def test_the_copy_computes_the_models_own_paged_logits(family, which, monkeypatc
     import hf_specdec.cache.attention as attention
 
     fused_calls = []
-    op = attention.rotary_write_kv
-    monkeypatch.setattr(attention, "rotary_write_kv", lambda *a: fused_calls.append(a[0].shape) or op(*a))
+    for name in ("rotary_write_kv", "rotary_paged_attention"):
+        monkeypatch.setattr(attention, name, lambda *a, op=getattr(attention, name), name=name: (
+            fused_calls.append((name, a[0].shape)) or op(*a)))
     model = _model(family)
     before = _attention_classes(model), _norm_classes(model)
     copy = rotary_attention_copy(model) if which == "compiled" else uncompiled_copy(model)
@@ -78,8 +79,11 @@ def test_the_copy_computes_the_models_own_paged_logits(family, which, monkeypatc
     got, got_cache = _steps(model, copy)
     layers = model.config.num_hidden_layers
     heads, dim = model.config.num_attention_heads, copy.model.layers[0].self_attn.head_dim
-    # every step in every layer, the prompt's included
-    assert fused_calls == [(2 * q, heads, dim) for q in (7, 3, 1, 1, 4) for _ in range(layers)]
+    # every step in every layer: the prompt's rotary and write, then the model's attention (but in a layer whose
+    # window is shorter than the prompt); later steps' rotary, write and paged attention in one op
+    windows = [getattr(layer.self_attn, "sliding_window", None) for layer in copy.model.layers]
+    assert fused_calls == [("rotary_write_kv" if q == 7 and (w is None or w >= 7) else "rotary_paged_attention",
+                            (2 * q, heads, dim)) for q in (7, 3, 1, 1, 4) for w in windows]
     want, want_cache = _steps(model, None)
     for step, (g, w) in enumerate(zip(got, want)):
         assert torch.equal(g, w), (family, step, (g - w).abs().max())
@@ -108,7 +112,7 @@ def test_a_call_without_the_paged_batch_runs_the_models_own_attention():
 @torch.no_grad()
 def test_generate_runs_the_fused_step_and_sees_a_replaced_module(monkeypatch):
     """Through ``generate()`` without compile (the CPU path, and GPU calls before or without compile) the runner's
-    copy rotates and writes K/V in one op in every layer, its output stays the target's greedy one, and a module
+    copy rotates and writes K/V in one op in every layer (and attends in the same op past the prompt), its output stays the target's greedy one, and a module
     replaced between calls (new weights) is in the next call's copy."""
     import hf_specdec
     import hf_specdec.cache.attention as attention
@@ -117,8 +121,10 @@ def test_generate_runs_the_fused_step_and_sees_a_replaced_module(monkeypatch):
     import hf_specdec.runner.eager_fusions as eager_fusions
 
     calls, norms, mlps = [], [], []
-    op, norm, act = attention.rotary_write_kv, eager_fusions.rms_norm, eager_fusions.silu_mul
-    monkeypatch.setattr(attention, "rotary_write_kv", lambda *a: calls.append(a[0].shape[0]) or op(*a))
+    norm, act = eager_fusions.rms_norm, eager_fusions.silu_mul
+    for name in ("rotary_write_kv", "rotary_paged_attention"):
+        monkeypatch.setattr(attention, name, lambda *a, op=getattr(attention, name), name=name: (
+            calls.append(name) or op(*a)))
     monkeypatch.setattr(eager_fusions, "rms_norm", lambda *a: norms.append(1) or norm(*a))
     monkeypatch.setattr(eager_fusions, "silu_mul", lambda *a: mlps.append(1) or act(*a))
     target = hf_specdec.enable(make_model("llama", seed=0))
@@ -129,6 +135,7 @@ def test_generate_runs_the_fused_step_and_sees_a_replaced_module(monkeypatch):
     before = target.generate(**kw)
     assert torch.equal(target.generate(**kw, assistant_model=draft, spec_config=spec), before)
     assert len(calls) >= 2 * target.config.num_hidden_layers  # prefill and rounds, every layer
+    assert calls.count("rotary_paged_attention") >= target.config.num_hidden_layers  # the rounds'
     assert len(norms) >= 2 * (2 * target.config.num_hidden_layers + 1)
     assert len(mlps) >= 2 * target.config.num_hidden_layers
     old = target.model.layers[1].self_attn

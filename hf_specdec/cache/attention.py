@@ -30,7 +30,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..kernels import paged_attention, rotary_write_kv, write_kv_to_slots
+from ..kernels import paged_attention, rotary_paged_attention, rotary_write_kv, write_kv_to_slots
 from .devices import hidden_states_device, input_device, kwargs_left_in_place
 
 ATTN_NAME = "hf_specdec_paged"
@@ -88,18 +88,21 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
 def paged_rotary_attention(module, query, key, value, cos, sin, scaling, sliding_window, batch) -> torch.Tensor:
     """``paged_attention_forward`` for a layer that hands over its queries and keys before the rotary
     (``runner/rotary_attention.py``): ``query`` ``(T, heads, D)``, ``key``/``value`` ``(T, kv_heads, D)``,
-    ``cos``/``sin`` ``(T, D)``. One launch rotates q and k and writes K/V (``kernels.rotary_write_kv``); then the
-    paged kernel attends, or, for prompts read from position 0, the model's own attention over the rotated keys
-    it also returned. Returns ``(T, heads, D)``."""
+    ``cos``/``sin`` ``(T, D)``. Prompts read from position 0: one launch rotates q and k and writes K/V
+    (``kernels.rotary_write_kv``), then the model's own attention runs over the rotated keys it also returned.
+    Other steps (decode, verify, catch-up): one launch rotates, writes and attends over the paged caches
+    (``kernels.rotary_paged_attention``). Returns ``(T, heads, D)``."""
     key_pool, value_pool = batch.cache.layer_pools(module.layer_idx, key)
     batch = batch.on(query.device)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     with _launch_device(query):
-        prompt = _fresh_spans_fit(batch.fresh, sliding_window, None)
-        q, k = rotary_write_kv(query, key, value, cos, sin, key_pool, value_pool, batch.slot_mapping, prompt)
-        if prompt:
+        if _fresh_spans_fit(batch.fresh, sliding_window, None):
+            q, k = rotary_write_kv(query, key, value, cos, sin, key_pool, value_pool, batch.slot_mapping, True)
             heads_first = (x.transpose(0, 1)[None] for x in (q, k, value))  # (1, heads, T, D), as transformers'
             return _prompt_attention(module, *heads_first, scaling, batch.fresh, batch.slot_mapping >= 0)[0]
-        return _paged(q, key_pool, value_pool, batch, scaling, sliding_window, None)
+        return rotary_paged_attention(query, key, value, cos, sin, key_pool, value_pool, batch.block_tables,
+                                      batch.seq_lens, batch.query_start_loc, batch.slot_mapping, batch.max_query_len,
+                                      scale, sliding_window)
 
 
 def _paged(q, key_pool, value_pool, batch, scaling, sliding_window, softcap) -> torch.Tensor:

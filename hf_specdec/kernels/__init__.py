@@ -1,6 +1,7 @@
 """Kernels of a speculative round, each a Triton kernel beside a torch reference of the same signature.
 
-``rejection_sample``, ``typical_accept``, ``write_kv_to_slots``, ``rotary_write_kv``, ``rms_norm``,
+``rejection_sample``, ``typical_accept``, ``write_kv_to_slots``, ``rotary_write_kv``, ``rotary_paged_attention``,
+``rms_norm``,
 ``silu_mul``, ``paged_attention``, ``decode_linear``, ``commit_round``, ``step_metadata`` and ``ngram_drafts`` call the
 custom ops of ``ops.py`` (``torch.ops.hf_specdec.*``): Triton on CUDA tensors, the reference
 elsewhere, one opaque node each under ``torch.compile``. The samplers' random numbers are drawn
@@ -22,6 +23,7 @@ from .ngram_lookup import ngram_drafts_reference
 from .paged_attention_reference import paged_attention_reference, write_kv_to_slots_reference
 from .rejection_sampler_reference import PLACEHOLDER_TOKEN_ID, rejection_sample_reference
 from .rms_norm_reference import rms_norm_reference
+from .rotary_paged_attention_reference import rotary_paged_attention_reference
 from .rotary_write_kv_reference import rotary_write_kv_reference
 from .silu_mul_reference import silu_mul_reference
 from .sampling_noise import draw_acceptance_noise, greedy_noise_placeholders
@@ -102,6 +104,17 @@ def rotary_write_kv(query, key, value, cos, sin, key_cache, value_cache, slot_ma
     return ops.rotary_write_kv_op(query, key, value, cos, sin, key_cache, value_cache, slot_mapping, bool(return_key))
 
 
+def rotary_paged_attention(query, key, value, cos, sin, key_cache, value_cache, block_tables, seq_lens,
+                           query_start_loc, slot_mapping, max_query_len, scale, sliding_window=None) -> torch.Tensor:
+    """A decode or verify step's attention from its queries and keys before the rotary: rotate, write the new keys
+    and values into ``slot_mapping`` (in place), attend over the paged caches; ``(T, heads, D)``. One launch on CUDA
+    where ``rotary_write_kv`` then ``paged_attention`` are two (``rotary_paged_attention_triton.py``), plus the
+    split-KV combine where the keys are split."""
+    return ops.rotary_paged_attention_op(
+        query, key, value, cos, sin, key_cache, value_cache, block_tables, seq_lens, query_start_loc, slot_mapping,
+        _int(max_query_len), _float(scale), None if sliding_window is None else _int(sliding_window))
+
+
 def rms_norm(x, weight, eps) -> torch.Tensor:
     """transformers' Llama-family RMSNorm of ``x`` ``(..., H)`` with ``weight`` ``(H,)``: one launch on CUDA
     (``rms_norm_triton.py``) where eagerly it is seven."""
@@ -168,6 +181,8 @@ __all__ = [
     "rejection_sample_reference",
     "rms_norm",
     "rms_norm_reference",
+    "rotary_paged_attention",
+    "rotary_paged_attention_reference",
     "rotary_write_kv",
     "rotary_write_kv_reference",
     "silu_mul",

@@ -29,6 +29,7 @@ from .ngram_lookup import ngram_drafts
 from .paged_attention_reference import paged_attention_reference, write_kv_to_slots_reference
 from .rejection_sampler_reference import rejection_sample_reference
 from .rms_norm_reference import rms_norm_reference
+from .rotary_paged_attention_reference import rotary_paged_attention_reference
 from .rotary_write_kv_reference import rotary_write_kv_reference
 from .silu_mul_reference import silu_mul_reference
 from .step_metadata_reference import step_metadata_reference
@@ -119,6 +120,23 @@ def rotary_write_kv_op(query: Tensor, key: Tensor, value: Tensor, cos: Tensor, s
 def _(query, key, value, cos, sin, key_cache, value_cache, slot_mapping, return_key):
     # both implementations return contiguous tensors
     return query.new_empty(query.shape), key.new_empty(key.shape if return_key else (0,))
+
+
+@torch.library.custom_op("hf_specdec::rotary_paged_attention", mutates_args=("key_cache", "value_cache"))
+def rotary_paged_attention_op(query: Tensor, key: Tensor, value: Tensor, cos: Tensor, sin: Tensor, key_cache: Tensor,
+                              value_cache: Tensor, block_tables: Tensor, seq_lens: Tensor, query_start_loc: Tensor,
+                              slot_mapping: Tensor, max_query_len: int, scale: float,
+                              sliding_window: Optional[int]) -> Tensor:
+    fn = _impl(query, "rotary_paged_attention_triton", "rotary_paged_attention_triton",
+               rotary_paged_attention_reference)
+    return fn(query, key, value, cos, sin, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
+              slot_mapping, max_query_len, scale, sliding_window)
+
+
+@rotary_paged_attention_op.register_fake
+def _(query, key, value, cos, sin, key_cache, value_cache, block_tables, seq_lens, query_start_loc, slot_mapping,
+      max_query_len, scale, sliding_window):
+    return query.new_empty(query.shape)  # both implementations return a contiguous tensor
 
 
 @torch.library.custom_op("hf_specdec::rms_norm", mutates_args=())

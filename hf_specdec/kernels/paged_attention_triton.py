@@ -49,6 +49,7 @@ import triton
 import triton.language as tl
 
 from .acceptance_common_triton import _num_programs_target
+from .attention_tile_triton import attend_tile, store_attention_result
 from .pdl import pdl_launch
 from .pdl_triton import wait_for_previous_then_release_next
 
@@ -168,7 +169,6 @@ def _paged_attention_kernel(
         m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        qk_scale = scale * 1.4426950408889634  # work in log2 units
         bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
         for n_start in range(lo, hi, BLOCK_N):
             k_pos = n_start + tl.arange(0, BLOCK_N)
@@ -183,43 +183,14 @@ def _paged_attention_kernel(
             if UPCAST:
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
-            if IEEE_FP32:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
-            if HAS_SOFTCAP:
-                x = s * (scale / softcap)
-                # tanh(x) = 1 - 2 / (exp(2x) + 1): exact limits at +-inf, no libdevice needed
-                s = (1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)) * (softcap * 1.4426950408889634)
-            else:
-                s = s * qk_scale
             allowed = (k_pos[None, :] <= q_pos[:, None]) & k_ok[None, :]
             if HAS_WINDOW:
                 allowed = allowed & ((q_pos[:, None] - k_pos[None, :]) < sliding_window)
-            s = tl.where(allowed, s, -float("inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            if IEEE_FP32:
-                pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(v.dtype), v)
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
+            m_i, l_i, acc = attend_tile(q, k, v, allowed, m_i, l_i, acc, scale, softcap, HAS_SOFTCAP, IEEE_FP32)
 
-        o_mask = row_ok[:, None] & d_ok[None, :]
-        if num_kv_splits == 1:
-            l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-            out = acc / l_safe[:, None]
-            tl.store(out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
-                     out.to(out_ptr.dtype.element_ty), mask=o_mask)
-        else:  # unnormalised partial; an empty share leaves m = -1e30, l = 0, acc = 0
-            num_heads = num_groups * (tl.num_programs(2) // num_kv_splits)
-            row = ((q_start + tok) * num_heads + head) * num_kv_splits + kv_split
-            tl.store(part_acc_ptr + row[:, None] * BLOCK_D + d[None, :], acc, mask=o_mask)
-            tl.store(part_ml_ptr + row * 2, m_i, mask=row_ok)
-            tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=row_ok)
+        store_attention_result(out_ptr, part_acc_ptr, part_ml_ptr, acc, m_i, l_i, q_start + tok, head, row_ok, d, d_ok,
+                               stride_ot, stride_oh, num_groups * (tl.num_programs(2) // num_kv_splits), kv_split,
+                               num_kv_splits, BLOCK_D)
 
 
 @triton.jit(do_not_specialize=["num_kv_splits"])
@@ -248,7 +219,8 @@ def _combine_kv_splits_kernel(out_ptr, part_acc_ptr, part_ml_ptr, num_heads, hea
 # Launch knobs for benchmarks/attention_sweep.py and profile_round.py (empty: the rules below): "block_n",
 # "num_warps", "num_stages", "programs_per_sm" (the programs a split aims for, per SM), "min_tiles" (the fewest
 # key tiles a split takes), "max_splits", "wide_tiles" (True / False: wide grids take / skip the wide launch
-# whatever the dtype); under "decode" (1-token queries), "verify" (2..QUERY_TILE) or "prefill": that class only.
+# whatever the dtype), "block_new" (the fused rotary kernel's tile of new keys); under "decode" (1-token queries),
+# "verify" (2..QUERY_TILE) or "prefill": that class only.
 LAUNCH_OVERRIDE: dict = {}
 
 
@@ -340,13 +312,8 @@ def paged_attention_triton(
     splits, grid, attention, combine = _attention_launch(
         B, max_query_len, H, KVH, D, block_tables.shape[1] * key_cache.shape[1],
         _programs_target(query.device, max_query_len), query.dtype, sliding_window, softcap)
-    block_d = attention["BLOCK_D"]
     pdl = pdl_launch(query.device)  # the attention's and the combine's launch alike
-    if splits > 1:
-        part_acc = torch.empty(T, H, splits, block_d, dtype=torch.float32, device=query.device)
-        part_ml = torch.empty(T, H, splits, 2, dtype=torch.float32, device=query.device)
-    else:  # never touched; float32 like the partials, so that both cases share one compiled kernel
-        part_acc = part_ml = torch.empty(0, dtype=torch.float32, device=query.device)
+    part_acc, part_ml = split_partials(T, H, splits, attention["BLOCK_D"], query.device)
     _paged_attention_kernel[grid](
         out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
         float(scale), float(softcap) if softcap is not None else 1.0,
@@ -358,10 +325,27 @@ def paged_attention_triton(
         block_tables.stride(0),
         part_acc, part_ml, num_kv_splits=splits, **attention, **pdl,
     )
+    combine_splits(out, part_acc, part_ml, splits, combine, pdl)
+    return out
+
+
+def split_partials(T: int, H: int, splits: int, block_d: int, device: torch.device):
+    """The float32 scratch of a split launch, ``(T, H, S, block_d)`` and ``(T, H, S, 2)``; unsplit, empty tensors
+    (never touched; float32 like the partials, so that both cases share one compiled kernel)."""
     if splits > 1:
+        return (torch.empty(T, H, splits, block_d, dtype=torch.float32, device=device),
+                torch.empty(T, H, splits, 2, dtype=torch.float32, device=device))
+    empty = torch.empty(0, dtype=torch.float32, device=device)
+    return empty, empty
+
+
+def combine_splits(out: torch.Tensor, part_acc: torch.Tensor, part_ml: torch.Tensor, splits: int, combine: dict,
+                   pdl: dict) -> None:
+    """Merge a split launch's partials into ``out`` ``(T, heads, D)`` (nothing to do unsplit)."""
+    if splits > 1:
+        T, H, D = out.shape
         _combine_kv_splits_kernel[(T, H)](out, part_acc, part_ml, H, D, out.stride(0), out.stride(1),
                                           num_kv_splits=splits, **combine, **pdl)
-    return out
 
 
 # Split-KV (flash-decoding) for grids too small to fill the device. Measured on an H100 inside the

@@ -24,15 +24,21 @@ from .pdl_triton import wait_for_previous_then_release_next
 
 
 @triton.jit
+def rotated_rows(row_ptr, d, mask, cos, sin, half):
+    """The rotated float32 tile ``x * cos + rotate_half(x) * sin`` of the rows starting at ``row_ptr`` ``(R,)``,
+    columns ``d`` ``(BLOCK_D,)``; ``cos``/``sin`` broadcast to ``(R, BLOCK_D)``; zeros where not ``mask``."""
+    partner = tl.where(d < half, d + half, d - half)
+    x = tl.load(row_ptr[:, None] + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(row_ptr[:, None] + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+    return x * cos + tl.where(d[None, :] < half, -y, y) * sin
+
+
+@triton.jit
 def _rotate_rows(ptr, stride_h, num_heads, cos, sin, half, head_dim, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     """The rotated ``(BLOCK_H, BLOCK_D)`` float32 tile of one token's heads at ``ptr`` (masked past the sizes)."""
-    h = tl.arange(0, BLOCK_H)[:, None]
-    d = tl.arange(0, BLOCK_D)[None, :]
-    m = (h < num_heads) & (d < head_dim)
-    partner = tl.where(d < half, d + half, d - half)
-    x = tl.load(ptr + h * stride_h + d, mask=m, other=0.0).to(tl.float32)
-    y = tl.load(ptr + h * stride_h + partner, mask=m, other=0.0).to(tl.float32)
-    return x * cos + tl.where(d < half, -y, y) * sin
+    h = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    return rotated_rows(ptr + h * stride_h, d, (h < num_heads)[:, None] & (d < head_dim)[None, :], cos, sin, half)
 
 
 _BLOCK_H = 16  # heads per tile

@@ -4,8 +4,10 @@ transformers' attention modules rotate q and k (eagerly: about a dozen small ker
 Inductor kernel for q, one for k) and hand them to the paged attention function, which writes K/V (one more
 kernel) and attends. In the runner's copies of a model, the attention modules of the classes below run
 ``forward`` here instead: the projections (and Qwen3's q/k norms) as the model computes them, then
-``cache.paged_rotary_attention`` with q and k not yet rotated, which rotates both and writes K/V in one launch
-(``kernels.rotary_write_kv``), and the output projection. Two copies use it: the one every uncompiled forward
+``cache.paged_rotary_attention`` with q and k not yet rotated, and the output projection. That rotates both,
+writes K/V and attends in one launch for a decode or verify step (``kernels.rotary_paged_attention``); a prompt
+read from position 0 gets the rotary and the write in one launch (``kernels.rotary_write_kv``) and the model's
+own attention. Two copies use it: the one every uncompiled forward
 runs (prefills, and every round where nothing is compiled: ``paged_model.paged_models``) and the compiled one
 (``compiled_regions.py``). In the uncompiled copy of a model whose q/k/v weights share one tensor
 (``fused_projections.py``, set up by the first call that compiles), ``fused_qkv`` makes the projections one matmul
