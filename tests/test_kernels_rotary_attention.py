@@ -111,11 +111,14 @@ def test_head_dims_and_dtypes(D, block_size, dtype):
     _check(_step(gen, [1, 5, 2], [30, 11, 1], 4, 2, D, block_size, dtype, strided=True), D ** -0.5)
 
 
-def test_wide_launch_bf16(monkeypatch):
-    """Wide grids (large batches) run unsplit over 128-key tiles."""
-    monkeypatch.setattr(pa, "LAUNCH_OVERRIDE", dict(wide_tiles=True))
+@pytest.mark.parametrize("wide_splits", [1, 2])
+def test_wide_launch_bf16(wide_splits, monkeypatch):
+    """Wide grids (large batches) run over 128-key tiles, unsplit unless the knob splits them."""
+    seen = _launches(monkeypatch, False)
+    monkeypatch.setattr(pa, "LAUNCH_OVERRIDE", dict(wide_tiles=True, wide_splits=wide_splits))
     gen = torch.Generator().manual_seed(5)
-    _check(_step(gen, [5] * 4, [130, 7, 64, 1], 8, 2, 32, 16, torch.bfloat16), 32 ** -0.5)
+    _check(_step(gen, [5] * 8, [300, 7, 64, 1, 40, 2, 17, 90], 8, 2, 32, 16, torch.bfloat16), 32 ** -0.5)
+    assert seen == [wide_splits]
 
 
 def test_negative_slot_writes_nothing():

@@ -219,7 +219,8 @@ def _combine_kv_splits_kernel(out_ptr, part_acc_ptr, part_ml_ptr, num_heads, hea
 # Launch knobs for benchmarks/attention_sweep.py and profile_round.py (empty: the rules below): "block_n",
 # "num_warps", "num_stages", "programs_per_sm" (the programs a split aims for, per SM), "min_tiles" (the fewest
 # key tiles a split takes), "max_splits", "wide_tiles" (True / False: wide grids take / skip the wide launch
-# whatever the dtype), "block_new" (the fused rotary kernel's tile of new keys); under "decode" (1-token queries),
+# whatever the dtype), "wide_splits" (KV splits of a wide launch), "block_new" (the fused rotary kernel's tile of
+# new keys); under "decode" (1-token queries),
 # "verify" (2..QUERY_TILE) or "prefill": that class only.
 LAUNCH_OVERRIDE: dict = {}
 
@@ -275,8 +276,11 @@ def _attention_launch(num_seqs: int, max_query_len: int, num_heads: int, num_kv_
         block_d <= 128 and num_seqs * n_qblocks * num_kv_heads * WIDE_GRID_SHARE >= programs_target
     if wide:
         block_n, num_warps = _knob("block_n", 128, max_query_len), (8 if block_d >= 128 else 4)
-    splits = 1 if max_query_len > SPLIT_MAX_QUERY or wide else _num_kv_splits(
-        num_seqs * n_qblocks * num_kv_heads, max_context, block_n, programs_target, max_query_len)
+    if wide:  # unsplit, unless a knob asks (benchmarks/attention_fusion.py --override '{"wide_splits": 2}')
+        splits = min(max(int(_knob("wide_splits", 1, max_query_len)), 1), MAX_KV_SPLITS)
+    else:
+        splits = 1 if max_query_len > SPLIT_MAX_QUERY else _num_kv_splits(
+            num_seqs * n_qblocks * num_kv_heads, max_context, block_n, programs_target, max_query_len)
     upcast = _INTERPRET_BF16 and dtype == torch.bfloat16
     attention = dict(HAS_SOFTCAP=softcap is not None, HAS_WINDOW=sliding_window is not None,
                      IEEE_FP32=dtype == torch.float32 or upcast, UPCAST=upcast,
