@@ -65,6 +65,12 @@ def _op_cases():
         "rejection_sample_placeholders": (ops.rejection_sample.default, (drafts, cu, None, target, mixed | True, k,
                                                                          *K.greedy_noise_placeholders(cu.device))),
         "typical_accept": (ops.typical_accept.default, (drafts, cu, target, k, 0.09, 0.3, e)),
+        "rotary_paged_attention": (ops.rotary_paged_attention.default, (
+            query, new_k, new_k, *[torch.randn(T, D, generator=gen)] * 2, kc, vc, bt, seq_lens, qsl, slots, max_q,
+            0.25, 6)),
+        "rotary_paged_attention_plain": (ops.rotary_paged_attention.default, (
+            query, new_k, new_k, *[torch.randn(T, D, generator=gen)] * 2, kc, vc, bt, seq_lens, qsl, slots, max_q,
+            0.25, None)),
         "ngram_drafts": (ops.ngram_drafts.default, (torch.randint(0, 3, (3, 40), generator=gen),
                                                      torch.tensor([0, 5, 9]), torch.tensor([40, 30, 20]), 4, 1, 3)),
     }
