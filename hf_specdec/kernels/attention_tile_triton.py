@@ -1,5 +1,7 @@
-"""Device helpers shared by the paged attention kernels: one online-softmax step over a key tile, and the
-program's result (the normalised output, or a split's unnormalised partial for the combine).
+"""Device helpers shared by the paged attention kernels: a program's coordinates and query tile, a split's share
+of the keys, a gathered tile of cached
+keys and values, one online-softmax step over a key tile, and the program's result (the normalised output, or a
+split's unnormalised partial for the combine).
 
 Both ``_paged_attention_kernel`` (``paged_attention_triton.py``) and ``_rotary_paged_attention_kernel``
 (``rotary_paged_attention_triton.py``) hold a query tile of ``BLOCK_M`` rows (tokens x the query heads of one kv
@@ -12,6 +14,56 @@ Triton inlines these helpers: a kernel that calls them compiles to what it did w
 """
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def program_coordinates(query_start_loc_ptr, num_kv_splits, BLOCK_Q: tl.constexpr):
+    """Grid ``(B, q_blocks, kv_heads * S)``: (row b, its packed offset, its query length, kv head, split, the first
+    token of this program's query block)."""
+    b = tl.program_id(0)
+    q_start = tl.load(query_start_loc_ptr + b).to(tl.int64)
+    q_len = (tl.load(query_start_loc_ptr + b + 1) - q_start).to(tl.int32)
+    return (b, q_start, q_len, tl.program_id(2) // num_kv_splits, tl.program_id(2) % num_kv_splits,
+            tl.program_id(1) * BLOCK_Q)
+
+
+@triton.jit
+def query_tile_rows(first_tok, kv_head, num_groups, q_len, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The query tile's rows: row m is token ``first_tok + m // G`` and query head ``kv_head * G + m % G`` (the G
+    heads sharing the kv head); ``(token, head, row_ok)``, rows past the block or the row's query masked."""
+    m_idx = tl.arange(0, BLOCK_M)
+    tok = first_tok + m_idx // num_groups
+    return tok, kv_head * num_groups + m_idx % num_groups, (m_idx < BLOCK_Q * num_groups) & (tok < q_len)
+
+
+@triton.jit
+def split_share(lo, hi, kv_split, num_kv_splits, BLOCK_N: tl.constexpr):
+    """Flash-decoding: split ``kv_split``'s contiguous share of the key tiles in ``[lo, hi)`` (the whole range
+    unsplit; an empty range past the last share)."""
+    if num_kv_splits > 1:
+        per_split = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), num_kv_splits) * BLOCK_N
+        lo = lo + kv_split * per_split
+        hi = tl.minimum(hi, lo + per_split)
+    return lo, hi
+
+
+@triton.jit
+def load_cached_kv(k_cache_ptr, v_cache_ptr, bt_row, k_pos, k_ok, block_size, kv_head,
+                   stride_kc_blk, stride_kc_pos, stride_kc_h, stride_vc_blk, stride_vc_pos, stride_vc_h, d, d_ok,
+                   UPCAST: tl.constexpr):
+    """The cached keys and values ``(BLOCK_N, BLOCK_D)`` of one kv head at positions ``k_pos``, each gathered through
+    the sequence's block-table row ``bt_row`` (zeros where not ``k_ok``); float32 under ``UPCAST``."""
+    blk = tl.load(bt_row + k_pos // block_size, mask=k_ok, other=0).to(tl.int64)
+    off = (k_pos % block_size).to(tl.int64)
+    kv_mask = k_ok[:, None] & d_ok[None, :]
+    k = tl.load(k_cache_ptr + (blk * stride_kc_blk + off * stride_kc_pos + kv_head * stride_kc_h)[:, None]
+                + d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(v_cache_ptr + (blk * stride_vc_blk + off * stride_vc_pos + kv_head * stride_vc_h)[:, None]
+                + d[None, :], mask=kv_mask, other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    return k, v
 
 
 @triton.jit
@@ -40,6 +92,25 @@ def attend_tile(q, k, v, allowed, m_i, l_i, acc, scale, softcap, HAS_SOFTCAP: tl
     else:
         pv = tl.dot(p.to(v.dtype), v)
     return m_new, l_i, acc * alpha[:, None] + pv
+
+
+@triton.jit
+def attend_cached_keys(q, q_pos, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, lo, hi, block_size, kv_head,
+                       stride_kc_blk, stride_kc_pos, stride_kc_h, stride_vc_blk, stride_vc_pos, stride_vc_h, d, d_ok,
+                       scale, softcap, sliding_window, HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                       IEEE_FP32: tl.constexpr, UPCAST: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``(m, l, acc)`` after the cached keys at positions ``[lo, hi)`` in tiles of ``BLOCK_N`` (causal against each
+    row's position ``q_pos``, and the sliding window)."""
+    for n_start in range(lo, hi, BLOCK_N):
+        k_pos = n_start + tl.arange(0, BLOCK_N)
+        k_ok = k_pos < hi
+        k, v = load_cached_kv(k_cache_ptr, v_cache_ptr, bt_row, k_pos, k_ok, block_size, kv_head, stride_kc_blk,
+                              stride_kc_pos, stride_kc_h, stride_vc_blk, stride_vc_pos, stride_vc_h, d, d_ok, UPCAST)
+        allowed = (k_pos[None, :] <= q_pos[:, None]) & k_ok[None, :]
+        if HAS_WINDOW:
+            allowed = allowed & ((q_pos[:, None] - k_pos[None, :]) < sliding_window)
+        m_i, l_i, acc = attend_tile(q, k, v, allowed, m_i, l_i, acc, scale, softcap, HAS_SOFTCAP, IEEE_FP32)
+    return m_i, l_i, acc
 
 
 @triton.jit

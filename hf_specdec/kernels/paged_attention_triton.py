@@ -49,7 +49,13 @@ import triton
 import triton.language as tl
 
 from .acceptance_common_triton import _num_programs_target
-from .attention_tile_triton import attend_tile, store_attention_result
+from .attention_tile_triton import (
+    attend_cached_keys,
+    program_coordinates,
+    query_tile_rows,
+    split_share,
+    store_attention_result,
+)
 from .pdl import pdl_launch
 from .pdl_triton import wait_for_previous_then_release_next
 
@@ -130,22 +136,13 @@ def _paged_attention_kernel(
     # Typed scalars: a float arriving as fp64 would turn the online softmax's carried m_i into fp64.
     scale = tl.cast(scale, tl.float32)
     softcap = tl.cast(softcap, tl.float32)
-    b = tl.program_id(0)
-    q_block = tl.program_id(1)
-    kv_head = tl.program_id(2) // num_kv_splits
-    kv_split = tl.program_id(2) % num_kv_splits
-    q_start = tl.load(query_start_loc_ptr + b).to(tl.int64)
-    q_len = (tl.load(query_start_loc_ptr + b + 1) - q_start).to(tl.int32)
-    first_tok = q_block * BLOCK_Q
+    b, q_start, q_len, kv_head, kv_split, first_tok = program_coordinates(query_start_loc_ptr, num_kv_splits, BLOCK_Q)
     if first_tok < q_len:
         seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
         ctx_len = seq_len - q_len  # position of the first new token
 
         # Query tile: row m = token m // G of this block, head kv_head * G + m % G.
-        m_idx = tl.arange(0, BLOCK_M)
-        tok = first_tok + m_idx // num_groups
-        head = kv_head * num_groups + m_idx % num_groups
-        row_ok = (m_idx < BLOCK_Q * num_groups) & (tok < q_len)
+        tok, head, row_ok = query_tile_rows(first_tok, kv_head, num_groups, q_len, BLOCK_Q, BLOCK_M)
         q_pos = ctx_len + tok
         d = tl.arange(0, BLOCK_D)
         d_ok = d < head_dim
@@ -161,32 +158,16 @@ def _paged_attention_kernel(
         if HAS_WINDOW:
             lo = tl.maximum(ctx_len + first_tok - sliding_window + 1, 0)
         lo = (lo // BLOCK_N) * BLOCK_N
-        if num_kv_splits > 1:  # flash-decoding: this program takes one contiguous share of the tiles
-            per_split = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), num_kv_splits) * BLOCK_N
-            lo = lo + kv_split * per_split
-            hi = tl.minimum(hi, lo + per_split)
+        lo, hi = split_share(lo, hi, kv_split, num_kv_splits, BLOCK_N)  # flash-decoding: this program's share
 
         m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
-        for n_start in range(lo, hi, BLOCK_N):
-            k_pos = n_start + tl.arange(0, BLOCK_N)
-            k_ok = k_pos < hi
-            blk = tl.load(bt_row + k_pos // block_size, mask=k_ok, other=0).to(tl.int64)
-            off = (k_pos % block_size).to(tl.int64)
-            kv_mask = k_ok[:, None] & d_ok[None, :]
-            k = tl.load(k_cache_ptr + (blk * stride_kc_blk + off * stride_kc_pos + kv_head * stride_kc_h)[:, None]
-                        + d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(v_cache_ptr + (blk * stride_vc_blk + off * stride_vc_pos + kv_head * stride_vc_h)[:, None]
-                        + d[None, :], mask=kv_mask, other=0.0)
-            if UPCAST:
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
-            allowed = (k_pos[None, :] <= q_pos[:, None]) & k_ok[None, :]
-            if HAS_WINDOW:
-                allowed = allowed & ((q_pos[:, None] - k_pos[None, :]) < sliding_window)
-            m_i, l_i, acc = attend_tile(q, k, v, allowed, m_i, l_i, acc, scale, softcap, HAS_SOFTCAP, IEEE_FP32)
+        m_i, l_i, acc = attend_cached_keys(
+            q, q_pos, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, lo, hi, block_size, kv_head, stride_kc_blk,
+            stride_kc_pos, stride_kc_h, stride_vc_blk, stride_vc_pos, stride_vc_h, d, d_ok, scale, softcap, sliding_window,
+            HAS_SOFTCAP, HAS_WINDOW, IEEE_FP32, UPCAST, BLOCK_N)
 
         store_attention_result(out_ptr, part_acc_ptr, part_ml_ptr, acc, m_i, l_i, q_start + tok, head, row_ok, d, d_ok,
                                stride_ot, stride_oh, num_groups * (tl.num_programs(2) // num_kv_splits), kv_split,

@@ -30,7 +30,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_tile_triton import attend_tile, store_attention_result
+from .attention_tile_triton import (
+    attend_cached_keys,
+    attend_tile,
+    program_coordinates,
+    query_tile_rows,
+    split_share,
+    store_attention_result,
+)
 from .paged_attention_triton import _attention_launch, _knob, _programs_target, combine_splits, split_partials
 from .pdl import pdl_launch
 from .pdl_triton import wait_for_previous_then_release_next
@@ -58,13 +65,7 @@ def _rotary_paged_attention_kernel(
 ):
     wait_for_previous_then_release_next(USE_PDL)  # before reading what earlier kernels wrote (kernels/pdl.py)
     scale = tl.cast(scale, tl.float32)  # typed: an fp64 scale would turn the carried m_i into fp64
-    b = tl.program_id(0)
-    q_block = tl.program_id(1)
-    kv_head = tl.program_id(2) // num_kv_splits
-    kv_split = tl.program_id(2) % num_kv_splits
-    q_start = tl.load(query_start_loc_ptr + b).to(tl.int64)
-    q_len = (tl.load(query_start_loc_ptr + b + 1) - q_start).to(tl.int32)
-    first_tok = q_block * BLOCK_Q
+    b, q_start, q_len, kv_head, kv_split, first_tok = program_coordinates(query_start_loc_ptr, num_kv_splits, BLOCK_Q)
     if first_tok < q_len:
         ctx_len = tl.load(seq_lens_ptr + b).to(tl.int32) - q_len  # position of the first new token
         half = head_dim // 2
@@ -72,10 +73,7 @@ def _rotary_paged_attention_kernel(
         d_ok = d < head_dim
 
         # Query tile, rotated: row m = token m // G of this block, head kv_head * G + m % G.
-        m_idx = tl.arange(0, BLOCK_M)
-        tok = first_tok + m_idx // num_groups
-        head = kv_head * num_groups + m_idx % num_groups
-        row_ok = (m_idx < BLOCK_Q * num_groups) & (tok < q_len)
+        tok, head, row_ok = query_tile_rows(first_tok, kv_head, num_groups, q_len, BLOCK_Q, BLOCK_M)
         q_rows = q_start + tok
         q_mask = row_ok[:, None] & d_ok[None, :]
         q = rotated_rows(q_ptr + q_rows * stride_qt + head * stride_qh, d, q_mask,
@@ -95,28 +93,12 @@ def _rotary_paged_attention_kernel(
             lo = tl.maximum(ctx_len + first_tok - sliding_window + 1, 0)
         lo = (lo // BLOCK_N) * BLOCK_N
         hi = tl.maximum(ctx_len, lo)
-        if num_kv_splits > 1:
-            per_split = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), num_kv_splits) * BLOCK_N
-            lo = lo + kv_split * per_split
-            hi = tl.minimum(hi, lo + per_split)
+        lo, hi = split_share(lo, hi, kv_split, num_kv_splits, BLOCK_N)  # flash-decoding: this program's share
         bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
-        for n_start in range(lo, hi, BLOCK_N):
-            k_pos = n_start + tl.arange(0, BLOCK_N)
-            k_ok = k_pos < hi
-            blk = tl.load(bt_row + k_pos // block_size, mask=k_ok, other=0).to(tl.int64)
-            off = (k_pos % block_size).to(tl.int64)
-            kv_mask = k_ok[:, None] & d_ok[None, :]
-            k = tl.load(k_cache_ptr + (blk * stride_kc_blk + off * stride_kc_pos + kv_head * stride_kc_h)[:, None]
-                        + d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(v_cache_ptr + (blk * stride_vc_blk + off * stride_vc_pos + kv_head * stride_vc_h)[:, None]
-                        + d[None, :], mask=kv_mask, other=0.0)
-            if UPCAST:
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
-            allowed = k_ok[None, :] & (q_pos[:, None] >= 0)
-            if HAS_WINDOW:
-                allowed = allowed & ((q_pos[:, None] - k_pos[None, :]) < sliding_window)
-            m_i, l_i, acc = attend_tile(q, k, v, allowed, m_i, l_i, acc, scale, 1.0, False, IEEE_FP32)
+        m_i, l_i, acc = attend_cached_keys(
+            q, q_pos, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, lo, hi, block_size, kv_head, stride_kc_blk,
+            stride_kc_pos, stride_kc_h, stride_vc_blk, stride_vc_pos, stride_vc_h, d, d_ok, scale, 1.0, sliding_window,
+            False, HAS_WINDOW, IEEE_FP32, UPCAST, BLOCK_N)
 
         # The step's new keys, by the last split: rotated here, stored to their slots, attended from registers.
         if kv_split == num_kv_splits - 1:
