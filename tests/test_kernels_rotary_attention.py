@@ -95,6 +95,38 @@ def test_matches_reference_fp32(qlens, ctx_lens, H, KVH, split, monkeypatch):
     assert (seen[0] > 1) == (split and max(qlens) <= pa.SPLIT_MAX_QUERY), seen
 
 
+@pytest.mark.parametrize("qlens,ctx_lens,window", [
+    ([20], [3], 2),  # the new keys' lower bound: one below a tile's start
+    ([1], [17], 3),  # the cached keys' lower bound: one below a tile's start
+    ([5], [13], 2),
+])
+def test_window_bounds_on_tile_edges(qlens, ctx_lens, window, monkeypatch):
+    """Windows whose first visible key sits next to a 16-key tile's edge (an off-by-one in either lower bound would
+    drop or add a key)."""
+    _launches(monkeypatch, True)
+    gen = torch.Generator().manual_seed(0)
+    _check(_step(gen, qlens, ctx_lens, 8, 2, 16, 4, torch.float32), 0.25, window)
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_empty_cache_and_empty_rows(split, monkeypatch):
+    """A row with no cached key (its first step) beside a row of no tokens (a packed forward's empty padding row)."""
+    _launches(monkeypatch, split)
+    gen = torch.Generator().manual_seed(4)
+    _check(_step(gen, [3, 0, 1], [0, 6, 21], 4, 2, 16, 4, torch.float32), 0.25)
+
+
+def test_long_queries_run_the_two_kernels(monkeypatch):
+    """Queries past SPLIT_MAX_QUERY tokens (several prompts packed) run the rotary + write kernel and the paged
+    attention, not the fused kernel: the same result."""
+    launched = []
+    monkeypatch.setattr(rpa, "_rotary_paged_attention_kernel", type("Spy", (), {
+        "__getitem__": lambda self, grid: lambda *a, **k: launched.append(grid)})())
+    gen = torch.Generator().manual_seed(6)
+    _check(_step(gen, [40, 33], [0, 5], 4, 2, 16, 4, torch.float32), 0.25)
+    assert launched == []
+
+
 @pytest.mark.parametrize("window", [1, 6, 40])
 @pytest.mark.parametrize("split", [False, True])
 def test_sliding_window(window, split, monkeypatch):

@@ -90,8 +90,9 @@ def paged_rotary_attention(module, query, key, value, cos, sin, scaling, sliding
     (``runner/rotary_attention.py``): ``query`` ``(T, heads, D)``, ``key``/``value`` ``(T, kv_heads, D)``,
     ``cos``/``sin`` ``(T, D)``. Prompts read from position 0: one launch rotates q and k and writes K/V
     (``kernels.rotary_write_kv``), then the model's own attention runs over the rotated keys it also returned.
-    Other steps (decode, verify, catch-up): one launch rotates, writes and attends over the paged caches
-    (``kernels.rotary_paged_attention``). Returns ``(T, heads, D)``."""
+    Other steps: ``kernels.rotary_paged_attention``, one launch that rotates, writes and attends over the paged
+    caches for a decode, verify or catch-up step (up to 32 tokens a row; longer, the two kernels). Returns
+    ``(T, heads, D)``."""
     key_pool, value_pool = batch.cache.layer_pools(module.layer_idx, key)
     batch = batch.on(query.device)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5

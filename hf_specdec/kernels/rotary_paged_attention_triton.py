@@ -1,7 +1,7 @@
 """Triton: a decode or verify step's rotary, K/V cache write and paged attention in one launch.
 
-Same signature and result as ``rotary_paged_attention_reference.py`` (rotary + write, then attention): one
-launch a layer fewer than ``rotary_write_kv`` followed by ``paged_attention``. Grid and tiles are
+Same signature as ``rotary_paged_attention_reference.py`` (rotary + write, then attention), and its result to
+rounding for the runner's metadata (below): one launch a layer fewer than ``rotary_write_kv`` followed by ``paged_attention``. Grid and tiles are
 ``paged_attention_triton``'s (``_attention_launch``): one program per (sequence, block of ``BLOCK_Q`` query tokens,
 kv head, KV split), the query tile stacking the ``G`` query heads that share the kv head.
 
@@ -17,7 +17,14 @@ Each program:
   slots (``slot_mapping``; a negative slot stores nothing).
 
 No program reads a slot this launch writes (the new tokens' slots hold positions past ``ctx_len``), so the write
-and the attention need no ordering. Splits leave partials that ``_combine_kv_splits_kernel`` merges, as the
+and the attention need no ordering. Two consequences where the metadata is unusual, neither met by the runner's
+forwards: a token whose slot is -1 (stored nowhere) is still attended by the later tokens of its row, from its own
+key (the two-kernel path attends whatever the cache holds at its position); and only the tokens inside a row's
+``query_start_loc`` span are stored (the runner gives every other token slot -1).
+
+Queries longer than ``SPLIT_MAX_QUERY`` tokens (prompts that are not read from position 0 by the model's own
+attention: several rows packed, or a window shorter than the prompt) run the two kernels instead: there every
+program would rotate each earlier key of the prompt again, in tiles of 16. Splits leave partials that ``_combine_kv_splits_kernel`` merges, as the
 unfused kernel's do. Rounding: the keys are rounded to the cache's dtype before the dot, as the cache would hold
 them; the new keys fall in a tile of their own, so bfloat16 output may differ from the two-kernel path in the last
 bit (float32: within float32 rounding).
@@ -38,10 +45,18 @@ from .attention_tile_triton import (
     split_share,
     store_attention_result,
 )
-from .paged_attention_triton import _attention_launch, _knob, _programs_target, combine_splits, split_partials
+from .paged_attention_triton import (
+    SPLIT_MAX_QUERY,
+    _attention_launch,
+    _knob,
+    _programs_target,
+    combine_splits,
+    paged_attention_triton,
+    split_partials,
+)
 from .pdl import pdl_launch
 from .pdl_triton import wait_for_previous_then_release_next
-from .rotary_write_kv_triton import rotated_rows
+from .rotary_write_kv_triton import rotary_write_kv_triton, rotated_rows
 
 
 @triton.jit
@@ -164,6 +179,11 @@ def rotary_paged_attention_triton(
     out = torch.empty(T, H, D, dtype=query.dtype, device=query.device)  # contiguous, as the op's fake says
     if T == 0 or B == 0:
         return out
+    if max_query_len > SPLIT_MAX_QUERY:  # a prompt: the two kernels, whose attention walks 64-key tiles of the
+        # cache (here every program would rotate each earlier key of the prompt again, in tiles of 16)
+        q, _ = rotary_write_kv_triton(query, key, value, cos, sin, key_cache, value_cache, slot_mapping, False)
+        return paged_attention_triton(q, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
+                                      max_query_len, scale, sliding_window, None)
     query, key, value, cos, sin = (x if x.stride(-1) == 1 else x.contiguous() for x in (query, key, value, cos, sin))
     assert key_cache.stride(-1) == 1 and value_cache.stride(-1) == 1, "caches need a contiguous head_dim"
     splits, grid, attention, combine = _attention_launch(
