@@ -119,12 +119,12 @@ def main(argv=None):
         FUSED_OVERRIDE.update(override)
         inputs, caches, meta = step_inputs(rows, q, args.context, H, KVH, D, args.layers)
         scale = D ** -0.5
-        twin = [[c.clone() for c in caches[0]]]
+        twin = [c.clone() for c in caches[0]]
         row = dict(shape=name, rows=rows, tokens=q, context=args.context, override=override)
         try:  # a knob the GPU cannot serve (shared memory) costs its row only
-            got, want = fused(inputs, caches[0], meta, scale), two_kernels(inputs, twin[0], meta, scale)
+            got, want = fused(inputs, caches[0], meta, scale), two_kernels(inputs, twin, meta, scale)
             row.update(max_abs_diff=float((got.float() - want.float()).abs().max()),
-                       caches_equal=all(torch.equal(a, b) for a, b in zip(caches[0], twin[0])),
+                       caches_equal=all(torch.equal(a, b) for a, b in zip(caches[0], twin)),
                        fused_us=graphed_us(fused, inputs, caches, meta, scale, args.repeats),
                        two_kernels_us=graphed_us(two_kernels, inputs, caches, meta, scale, args.repeats))
         except Exception as e:  # noqa: BLE001 - reported in the row and the log

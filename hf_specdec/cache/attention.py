@@ -95,7 +95,6 @@ def paged_rotary_attention(module, query, key, value, cos, sin, scaling, sliding
     ``(T, heads, D)``."""
     key_pool, value_pool = batch.cache.layer_pools(module.layer_idx, key)
     batch = batch.on(query.device)
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     with _launch_device(query):
         if _fresh_spans_fit(batch.fresh, sliding_window, None):
             q, k = rotary_write_kv(query, key, value, cos, sin, key_pool, value_pool, batch.slot_mapping, True)
@@ -103,14 +102,18 @@ def paged_rotary_attention(module, query, key, value, cos, sin, scaling, sliding
             return _prompt_attention(module, *heads_first, scaling, batch.fresh, batch.slot_mapping >= 0)[0]
         return rotary_paged_attention(query, key, value, cos, sin, key_pool, value_pool, batch.block_tables,
                                       batch.seq_lens, batch.query_start_loc, batch.slot_mapping, batch.max_query_len,
-                                      scale, sliding_window)
+                                      _scale(scaling, query), sliding_window)
 
 
 def _paged(q, key_pool, value_pool, batch, scaling, sliding_window, softcap) -> torch.Tensor:
     """The paged kernel over ``q`` ``(T, heads, D)`` (contiguous), after its K/V were written."""
     return paged_attention(q, key_pool, value_pool, batch.block_tables, batch.seq_lens, batch.query_start_loc,
-                           batch.max_query_len, scaling if scaling is not None else q.shape[-1] ** -0.5,
-                           sliding_window, softcap)
+                           batch.max_query_len, _scale(scaling, q), sliding_window, softcap)
+
+
+def _scale(scaling, query) -> float:
+    """The layer's attention scale, or head_dim^-0.5 where it passes none."""
+    return scaling if scaling is not None else query.shape[-1] ** -0.5
 
 
 def _fresh_spans_fit(spans, window, softcap) -> bool:

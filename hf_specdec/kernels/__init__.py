@@ -1,9 +1,8 @@
 """Kernels of a speculative round, each a Triton kernel beside a torch reference of the same signature.
 
 ``rejection_sample``, ``typical_accept``, ``write_kv_to_slots``, ``rotary_write_kv``, ``rotary_paged_attention``,
-``rms_norm``,
-``silu_mul``, ``paged_attention``, ``decode_linear``, ``commit_round``, ``step_metadata`` and ``ngram_drafts`` call the
-custom ops of ``ops.py`` (``torch.ops.hf_specdec.*``): Triton on CUDA tensors, the reference
+``rms_norm``, ``silu_mul``, ``paged_attention``, ``decode_linear``, ``commit_round``, ``step_metadata`` and
+``ngram_drafts`` call the custom ops of ``ops.py`` (``torch.ops.hf_specdec.*``): Triton on CUDA tensors, the reference
 elsewhere, one opaque node each under ``torch.compile``. The samplers' random numbers are drawn
 here, outside the ops (custom ops cannot take generators). Nothing here reads tensor values:
 no host synchronisation, allocations by shape only (the wrappers run inside CUDA graphs).

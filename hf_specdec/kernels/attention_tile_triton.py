@@ -1,7 +1,6 @@
 """Device helpers shared by the paged attention kernels: a program's coordinates and query tile, a split's share
-of the keys, a gathered tile of cached
-keys and values, one online-softmax step over a key tile, and the program's result (the normalised output, or a
-split's unnormalised partial for the combine).
+of the keys, a cache row's address, a gathered tile of cached keys and values, one online-softmax step over a key
+tile, and the program's result (the normalised output, or a split's unnormalised partial for the combine).
 
 Both ``_paged_attention_kernel`` (``paged_attention_triton.py``) and ``_rotary_paged_attention_kernel``
 (``rotary_paged_attention_triton.py``) hold a query tile of ``BLOCK_M`` rows (tokens x the query heads of one kv
@@ -48,6 +47,12 @@ def split_share(lo, hi, kv_split, num_kv_splits, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def cache_rows(cache_ptr, blk, off, kv_head, stride_blk, stride_pos, stride_h):
+    """The address of one kv head's row in the cache at offset ``off`` of physical block ``blk`` (int64 tensors)."""
+    return cache_ptr + blk * stride_blk + off * stride_pos + kv_head * stride_h
+
+
+@triton.jit
 def load_cached_kv(k_cache_ptr, v_cache_ptr, bt_row, k_pos, k_ok, block_size, kv_head,
                    stride_kc_blk, stride_kc_pos, stride_kc_h, stride_vc_blk, stride_vc_pos, stride_vc_h, d, d_ok,
                    UPCAST: tl.constexpr):
@@ -56,9 +61,9 @@ def load_cached_kv(k_cache_ptr, v_cache_ptr, bt_row, k_pos, k_ok, block_size, kv
     blk = tl.load(bt_row + k_pos // block_size, mask=k_ok, other=0).to(tl.int64)
     off = (k_pos % block_size).to(tl.int64)
     kv_mask = k_ok[:, None] & d_ok[None, :]
-    k = tl.load(k_cache_ptr + (blk * stride_kc_blk + off * stride_kc_pos + kv_head * stride_kc_h)[:, None]
+    k = tl.load(cache_rows(k_cache_ptr, blk, off, kv_head, stride_kc_blk, stride_kc_pos, stride_kc_h)[:, None]
                 + d[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(v_cache_ptr + (blk * stride_vc_blk + off * stride_vc_pos + kv_head * stride_vc_h)[:, None]
+    v = tl.load(cache_rows(v_cache_ptr, blk, off, kv_head, stride_vc_blk, stride_vc_pos, stride_vc_h)[:, None]
                 + d[None, :], mask=kv_mask, other=0.0)
     if UPCAST:
         k = k.to(tl.float32)

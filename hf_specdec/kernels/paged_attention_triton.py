@@ -166,8 +166,8 @@ def _paged_attention_kernel(
         bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
         m_i, l_i, acc = attend_cached_keys(
             q, q_pos, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, lo, hi, block_size, kv_head, stride_kc_blk,
-            stride_kc_pos, stride_kc_h, stride_vc_blk, stride_vc_pos, stride_vc_h, d, d_ok, scale, softcap, sliding_window,
-            HAS_SOFTCAP, HAS_WINDOW, IEEE_FP32, UPCAST, BLOCK_N)
+            stride_kc_pos, stride_kc_h, stride_vc_blk, stride_vc_pos, stride_vc_h, d, d_ok, scale, softcap,
+            sliding_window, HAS_SOFTCAP, HAS_WINDOW, IEEE_FP32, UPCAST, BLOCK_N)
 
         store_attention_result(out_ptr, part_acc_ptr, part_ml_ptr, acc, m_i, l_i, q_start + tok, head, row_ok, d, d_ok,
                                stride_ot, stride_oh, num_groups * (tl.num_programs(2) // num_kv_splits), kv_split,
@@ -201,8 +201,7 @@ def _combine_kv_splits_kernel(out_ptr, part_acc_ptr, part_ml_ptr, num_heads, hea
 # "num_warps", "num_stages", "programs_per_sm" (the programs a split aims for, per SM), "min_tiles" (the fewest
 # key tiles a split takes), "max_splits", "wide_tiles" (True / False: wide grids take / skip the wide launch
 # whatever the dtype), "wide_splits" (KV splits of a wide launch), "block_new" (the fused rotary kernel's tile of
-# new keys); under "decode" (1-token queries),
-# "verify" (2..QUERY_TILE) or "prefill": that class only.
+# new keys); under "decode" (1-token queries), "verify" (2..QUERY_TILE) or "prefill": that class only.
 LAUNCH_OVERRIDE: dict = {}
 
 

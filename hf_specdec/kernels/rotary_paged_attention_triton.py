@@ -1,9 +1,10 @@
 """Triton: a decode or verify step's rotary, K/V cache write and paged attention in one launch.
 
 Same signature as ``rotary_paged_attention_reference.py`` (rotary + write, then attention), and its result to
-rounding for the runner's metadata (below): one launch a layer fewer than ``rotary_write_kv`` followed by ``paged_attention``. Grid and tiles are
-``paged_attention_triton``'s (``_attention_launch``): one program per (sequence, block of ``BLOCK_Q`` query tokens,
-kv head, KV split), the query tile stacking the ``G`` query heads that share the kv head.
+rounding for the runner's metadata (below): one launch a layer fewer than ``rotary_write_kv`` followed by
+``paged_attention``. Grid and tiles are ``paged_attention_triton``'s (``_attention_launch``): one program per
+(sequence, block of ``BLOCK_Q`` query tokens, kv head, KV split), the query tile stacking the ``G`` query heads that
+share the kv head.
 
 Each program:
 
@@ -22,12 +23,13 @@ forwards: a token whose slot is -1 (stored nowhere) is still attended by the lat
 key (the two-kernel path attends whatever the cache holds at its position); and only the tokens inside a row's
 ``query_start_loc`` span are stored (the runner gives every other token slot -1).
 
+Splits leave partials that ``_combine_kv_splits_kernel`` merges, as the unfused kernel's do. Rounding: the keys are
+rounded to the cache's dtype before the dot, as the cache would hold them; the new keys fall in a tile of their
+own, so bfloat16 output may differ from the two-kernel path in the last bit (float32: within float32 rounding).
+
 Queries longer than ``SPLIT_MAX_QUERY`` tokens (prompts that are not read from position 0 by the model's own
 attention: several rows packed, or a window shorter than the prompt) run the two kernels instead: there every
-program would rotate each earlier key of the prompt again, in tiles of 16. Splits leave partials that ``_combine_kv_splits_kernel`` merges, as the
-unfused kernel's do. Rounding: the keys are rounded to the cache's dtype before the dot, as the cache would hold
-them; the new keys fall in a tile of their own, so bfloat16 output may differ from the two-kernel path in the last
-bit (float32: within float32 rounding).
+program would rotate each earlier key of the prompt again, in tiles of 16.
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ import triton.language as tl
 from .attention_tile_triton import (
     attend_cached_keys,
     attend_tile,
+    cache_rows,
     program_coordinates,
     query_tile_rows,
     split_share,
@@ -138,9 +141,9 @@ def _rotary_paged_attention_kernel(
                 store = (mine & (slot >= 0))[:, None] & d_ok[None, :]
                 blk = slot // block_size
                 off = slot % block_size
-                tl.store(k_cache_ptr + (blk * stride_kc_blk + off * stride_kc_pos + kv_head * stride_kc_h)[:, None]
+                tl.store(cache_rows(k_cache_ptr, blk, off, kv_head, stride_kc_blk, stride_kc_pos, stride_kc_h)[:, None]
                          + d[None, :], k, mask=store)
-                tl.store(v_cache_ptr + (blk * stride_vc_blk + off * stride_vc_pos + kv_head * stride_vc_h)[:, None]
+                tl.store(cache_rows(v_cache_ptr, blk, off, kv_head, stride_vc_blk, stride_vc_pos, stride_vc_h)[:, None]
                          + d[None, :], v, mask=store)
                 if UPCAST:
                     k = k.to(tl.float32)
