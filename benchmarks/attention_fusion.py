@@ -6,10 +6,12 @@ its split-KV combine), as the runner's Llama-family layers call them.
 For each shape (heads, kv heads, head_dim of an 8B- and a 1B-shaped Llama; rows; tokens a row; context): a check
 (the fused output against the two-kernel output, bf16, and the caches after both: every new slot equal) and the
 time of one call, from a CUDA graph of ``--layers`` calls (each on its own layer's cache, as a step reads them),
-replayed ``--repeats`` times (median of 5 measurements). No Hugging Face path exists for this piece, so the ratio is
-ours against ours.
+replayed ``--repeats`` times (median of 5 measurements). Block tables are ``--table-tokens`` wide (default 8192:
+with graphs the runner's are as wide as the model's positions, and the width sets the split count at small batch;
+results before 2026-11-29's ``...-attention-launch-sweep.json`` had tables as wide as the context, 4 splits at
+b = 1). No Hugging Face path exists for this piece, so the ratio is ours against ours.
 
-    python benchmarks/attention_fusion.py [--out attention_fusion.json] [--layers 32] [--context 512]
+    python benchmarks/attention_fusion.py [--out attention_fusion.json] [--layers 32] [--context 512] [--table-tokens N]
 """
 from __future__ import annotations
 
@@ -26,16 +28,22 @@ import hf_specdec.kernels.paged_attention_triton as pa  # noqa: E402
 from hf_specdec.kernels import paged_attention, rotary_paged_attention, rotary_write_kv, slots_of  # noqa: E402
 
 SHAPES = {"8b": (32, 8, 128), "1b": (32, 8, 64)}  # heads, kv heads, head_dim
+# With graphs the runner's block tables are as wide as the model's positions, so a small batch splits its keys
+# over as many programs as fill the GPU (16 at b = 1); a table only as wide as the context splits less.
+TABLE_TOKENS = 8192
 
 
-def step_inputs(rows, q, context, H, KVH, D, layers, block_size=16, dtype=torch.bfloat16, seed=0):
-    """Pre-rotary q/k/v (views of one fused projection), angles, ``layers`` caches and the step's metadata."""
+def step_inputs(rows, q, context, H, KVH, D, layers, block_size=16, dtype=torch.bfloat16, seed=0, table_tokens=0):
+    """Pre-rotary q/k/v (views of one fused projection), angles, ``layers`` caches and the step's metadata. Each
+    row's blocks are scattered over the pool; its block table is ``table_tokens`` tokens wide where that is more
+    than it needs (the entries past its blocks unused, as the runner's are): the width sets the split count."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     seq = context + q
     per_row = (seq + block_size - 1) // block_size + 1
     num_blocks = rows * per_row + 1
-    tables = torch.randperm(num_blocks - 1, device="cuda", generator=gen)[: rows * per_row].view(rows, per_row)
-    tables = tables.int()
+    used = torch.randperm(num_blocks - 1, device="cuda", generator=gen)[: rows * per_row].view(rows, per_row)
+    tables = torch.zeros(rows, max(per_row, -(-table_tokens // block_size)), dtype=torch.int32, device="cuda")
+    tables[:, :per_row] = used.int()
     caches = [[torch.randn(num_blocks, block_size, KVH, D, device="cuda", dtype=dtype, generator=gen)
                for _ in range(2)] for _ in range(layers)]
     T = rows * q
@@ -102,6 +110,8 @@ def main(argv=None):
     ap.add_argument("--out", default="attention_fusion.json")
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--table-tokens", type=int, default=TABLE_TOKENS,
+                    help="block-table width in tokens (0: what the context needs)")
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--tokens", default="1,5")
@@ -117,10 +127,12 @@ def main(argv=None):
                                                  for o in overrides):
         FUSED_OVERRIDE.clear()
         FUSED_OVERRIDE.update(override)
-        inputs, caches, meta = step_inputs(rows, q, args.context, H, KVH, D, args.layers)
+        inputs, caches, meta = step_inputs(rows, q, args.context, H, KVH, D, args.layers,
+                                           table_tokens=args.table_tokens)
         scale = D ** -0.5
         twin = [c.clone() for c in caches[0]]
-        row = dict(shape=name, rows=rows, tokens=q, context=args.context, override=override)
+        row = dict(shape=name, rows=rows, tokens=q, context=args.context, table_tokens=args.table_tokens,
+                   override=override)
         try:  # a knob the GPU cannot serve (shared memory) costs its row only
             got, want = fused(inputs, caches[0], meta, scale), two_kernels(inputs, twin, meta, scale)
             row.update(max_abs_diff=float((got.float() - want.float()).abs().max()),

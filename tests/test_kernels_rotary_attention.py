@@ -95,6 +95,19 @@ def test_matches_reference_fp32(qlens, ctx_lens, H, KVH, split, monkeypatch):
     assert (seen[0] > 1) == (split and max(qlens) <= pa.SPLIT_MAX_QUERY), seen
 
 
+def test_small_grid_splits_down_to_one_tile(monkeypatch):
+    """A small grid's fused launch splits until each split holds one key tile of the table's width (MIN_TILES), where
+    the unfused kernel's rule keeps four tiles a split: a 108-token table of 16-key tiles splits 4 ways, not 1."""
+    seen = _launches(monkeypatch, False)
+    monkeypatch.setattr(pa, "LAUNCH_OVERRIDE", dict(wide_tiles=False, block_n=16))
+    gen = torch.Generator().manual_seed(8)
+    args = _step(gen, [1], [100], 4, 2, 16, 4, torch.float32)
+    assert args[7].shape[1] * 4 == 108
+    _check(args, 0.25)
+    assert rpa.MIN_TILES == 1 and seen == [4]
+    assert pa._num_kv_splits(2, 108, 16, 64) == 1  # the unfused rule (four tiles a split)
+
+
 @pytest.mark.parametrize("qlens,ctx_lens,window", [
     ([20], [3], 2),  # the new keys' lower bound: one below a tile's start
     ([1], [17], 3),  # the cached keys' lower bound: one below a tile's start

@@ -199,9 +199,10 @@ def _combine_kv_splits_kernel(out_ptr, part_acc_ptr, part_ml_ptr, num_heads, hea
 
 # Launch knobs for benchmarks/attention_sweep.py and profile_round.py (empty: the rules below): "block_n",
 # "num_warps", "num_stages", "programs_per_sm" (the programs a split aims for, per SM), "min_tiles" (the fewest
-# key tiles a split takes), "max_splits", "wide_tiles" (True / False: wide grids take / skip the wide launch
-# whatever the dtype), "wide_splits" (KV splits of a wide launch), "block_new" (the fused rotary kernel's tile of
-# new keys); under "decode" (1-token queries), "verify" (2..QUERY_TILE) or "prefill": that class only.
+# key tiles a split takes), "max_splits" (may exceed MAX_KV_SPLITS), "wide_tiles" (True / False: wide grids take /
+# skip the wide launch whatever the dtype), "wide_splits" (KV splits of a wide launch), "block_new" (the fused
+# rotary kernel's tile of new keys), "maxnreg" (Triton's register cap a thread); under "decode" (1-token queries),
+# "verify" (2..QUERY_TILE) or "prefill": that class only.
 LAUNCH_OVERRIDE: dict = {}
 
 
@@ -242,7 +243,7 @@ def _tile_sizes(max_query_len: int, num_groups: int, head_dim: int) -> tuple[int
 
 def _attention_launch(num_seqs: int, max_query_len: int, num_heads: int, num_kv_heads: int, head_dim: int,
                       max_context: int, programs_target: int, dtype: torch.dtype, sliding_window: Optional[int],
-                      softcap: Optional[float]) -> tuple[int, tuple[int, int, int], dict, dict]:
+                      softcap: Optional[float], min_tiles: int = 4) -> tuple[int, tuple[int, int, int], dict, dict]:
     """A launch decided from host-side shapes only: (KV splits, grid, the attention kernel's constexpr
     kwargs, the combine kernel's constexpr kwargs; the combine runs when splits > 1). Each distinct kwargs
     dict is a JIT compile: they depend on the model, the dtype, the query length's class (1 token,
@@ -257,17 +258,20 @@ def _attention_launch(num_seqs: int, max_query_len: int, num_heads: int, num_kv_
     if wide:
         block_n, num_warps = _knob("block_n", 128, max_query_len), (8 if block_d >= 128 else 4)
     if wide:  # unsplit, unless a knob asks (benchmarks/attention_fusion.py --override '{"wide_splits": 2}')
-        splits = min(max(int(_knob("wide_splits", 1, max_query_len)), 1), MAX_KV_SPLITS)
+        splits = min(max(int(_knob("wide_splits", 1, max_query_len)), 1), _max_kv_splits(max_query_len))
     else:
         splits = 1 if max_query_len > SPLIT_MAX_QUERY else _num_kv_splits(
-            num_seqs * n_qblocks * num_kv_heads, max_context, block_n, programs_target, max_query_len)
+            num_seqs * n_qblocks * num_kv_heads, max_context, block_n, programs_target, max_query_len, min_tiles)
     upcast = _INTERPRET_BF16 and dtype == torch.bfloat16
     attention = dict(HAS_SOFTCAP=softcap is not None, HAS_WINDOW=sliding_window is not None,
                      IEEE_FP32=dtype == torch.float32 or upcast, UPCAST=upcast,
                      BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
                      num_warps=_knob("num_warps", num_warps, max_query_len),
                      num_stages=_knob("num_stages", 2, max_query_len))
-    combine = dict(BLOCK_S=triton.next_power_of_2(max(MAX_KV_SPLITS, 1)), BLOCK_D=block_d, num_warps=4)
+    maxnreg = _knob("maxnreg", None, max_query_len)  # a register cap (more programs resident a SM), tried only
+    if maxnreg is not None:
+        attention["maxnreg"] = int(maxnreg)
+    combine = dict(BLOCK_S=triton.next_power_of_2(max(MAX_KV_SPLITS, splits, 1)), BLOCK_D=block_d, num_warps=4)
     return splits, (num_seqs, n_qblocks, num_kv_heads * splits), attention, combine
 
 
@@ -352,14 +356,21 @@ def _programs_target(device: torch.device, max_query_len: int) -> int:
     return _num_programs_target(device)
 
 
-def _num_kv_splits(programs: int, max_context: int, block_n: int, target: int, max_query_len: int = 1) -> int:
+def _num_kv_splits(programs: int, max_context: int, block_n: int, target: int, max_query_len: int = 1,
+                   min_tiles: int = 4) -> int:
     """Split each sequence's keys over several programs when the grid alone cannot fill the
     device (decode and verify at small batch): about ``target`` programs (two per SM), at least
-    four key tiles per split. Decided from host-side shapes only (no synchronisation)."""
-    most = min(MAX_KV_SPLITS, _knob("max_splits", MAX_KV_SPLITS, max_query_len))
+    ``min_tiles`` key tiles of the widest context per split. Decided from host-side shapes only (no
+    synchronisation)."""
+    most = _max_kv_splits(max_query_len)
     if programs >= target or most <= 1:
         return 1
-    min_tiles = _knob("min_tiles", 4, max_query_len)
+    min_tiles = _knob("min_tiles", min_tiles, max_query_len)
     splits = max(1, min(most, triton.cdiv(target, programs), max_context // (min_tiles * block_n)))
     # A power of two (at most MAX_KV_SPLITS, which sizes the combine's BLOCK_S): few distinct counts.
     return 1 << (splits.bit_length() - 1)
+
+
+def _max_kv_splits(max_query_len: int) -> int:
+    """The most splits a launch may take: ``MAX_KV_SPLITS``, or the ``max_splits`` knob (which may exceed it)."""
+    return int(_knob("max_splits", MAX_KV_SPLITS, max_query_len))

@@ -62,6 +62,15 @@ from .pdl_triton import wait_for_previous_then_release_next
 from .rotary_write_kv_triton import rotary_write_kv_triton, rotated_rows
 
 
+# A small grid's splits: as many as fill the device (up to MAX_KV_SPLITS) and at least MIN_TILES key tiles of the
+# block table's width each (the unfused kernel's rule takes four). A program's time is a chain of dependent
+# instructions (docs/kernels.md), so the shortest chain wins where the table is narrow (no graphs: tables as long as
+# the longest row): H200, a table of 1024 tokens, context 512, one call (benchmarks/attention_fusion.py
+# --table-tokens 1024): 8B-shaped b = 1 decode 10.90 -> 9.08 us, 5-token verify 12.60 -> 10.54; 1B-shaped 9.06 ->
+# 5.84 and 9.98 -> 6.63. With graphs the tables are as wide as the model's positions: 16 splits either way.
+MIN_TILES = 1
+
+
 @triton.jit
 def _angles(ptr, stride, rows, d, mask):
     """float32 ``cos`` or ``sin`` rows of the tokens ``rows`` ``(R,)``, columns ``d``."""
@@ -191,7 +200,7 @@ def rotary_paged_attention_triton(
     assert key_cache.stride(-1) == 1 and value_cache.stride(-1) == 1, "caches need a contiguous head_dim"
     splits, grid, attention, combine = _attention_launch(
         B, max_query_len, H, KVH, D, block_tables.shape[1] * key_cache.shape[1],
-        _programs_target(query.device, max_query_len), query.dtype, sliding_window, None)
+        _programs_target(query.device, max_query_len), query.dtype, sliding_window, None, MIN_TILES)
     del attention["HAS_SOFTCAP"]  # a rotary layer of the families served has no soft-cap
     # Four warps, also for the wide launch's 128-key tiles at head_dim 128 (where the unfused kernel takes eight):
     # H200, 8B-shaped layer, context 512, b = 32: 40.1 -> 29.3 us a decode call, 47.2 -> 38.3 a 5-token verify
