@@ -16,15 +16,16 @@ b = 1). No Hugging Face path exists for this piece, so the ratio is ours against
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout, not installed
 import hf_specdec.kernels.paged_attention_triton as pa  # noqa: E402
+from benchmarks.common import graphed_call_us  # noqa: E402
 from hf_specdec.kernels import paged_attention, rotary_paged_attention, rotary_write_kv, slots_of  # noqa: E402
 
 SHAPES = {"8b": (32, 8, 128), "1b": (32, 8, 64)}  # heads, kv heads, head_dim
@@ -84,25 +85,7 @@ def two_kernels(inputs, cache, meta, scale):
 
 def graphed_us(fn, inputs, caches, meta, scale, repeats) -> float:
     """Microseconds a call, from a graph of one call per layer replayed ``repeats`` times (median of 5)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for cache in caches:  # JIT compiles and allocator warm-up outside the capture
-            fn(inputs, cache, meta, scale)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for cache in caches:
-            fn(inputs, cache, meta, scale)
-    times = []
-    for _ in range(5):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            graph.replay()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) / (repeats * len(caches)) * 1e6)
-    return sorted(times)[2]
+    return graphed_call_us([functools.partial(fn, inputs, cache, meta, scale) for cache in caches], repeats)
 
 
 def main(argv=None):

@@ -15,6 +15,7 @@ this piece, so the ratio is ours against Inductor's.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -24,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout, not installed
+from benchmarks.common import graphed_call_us  # noqa: E402
 from hf_specdec.kernels import silu_mul  # noqa: E402
 
 WIDTHS = {"8b": 14336, "1b": 8192}  # intermediate size
@@ -51,25 +53,7 @@ def graphed_us(fn, inputs, repeats: int, mark_rows: bool = False) -> float:
     if mark_rows:
         for x in inputs:
             torch._dynamo.mark_dynamic(x, 0)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for x in inputs:  # compiles and allocator warm-up outside the capture
-            fn(x)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for x in inputs:
-            fn(x)
-    times = []
-    for _ in range(5):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            graph.replay()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) / (repeats * len(inputs)) * 1e6)
-    return sorted(times)[2]
+    return graphed_call_us([functools.partial(fn, x) for x in inputs], repeats)
 
 
 def copy_gb_per_s() -> float:
