@@ -19,13 +19,13 @@ import functools
 import json
 import os
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout, not installed
 from benchmarks.common import graphed_call_us  # noqa: E402
+from benchmarks.scale import copy_bandwidth  # noqa: E402
 from hf_specdec.kernels import silu_mul  # noqa: E402
 
 WIDTHS = {"8b": 14336, "1b": 8192}  # intermediate size
@@ -56,18 +56,6 @@ def graphed_us(fn, inputs, repeats: int, mark_rows: bool = False) -> float:
     return graphed_call_us([functools.partial(fn, x) for x in inputs], repeats)
 
 
-def copy_gb_per_s() -> float:
-    x = torch.empty(2 * 1024 ** 3 // 2, dtype=torch.bfloat16, device="cuda")
-    y = torch.empty_like(x)
-    y.copy_(x)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(10):
-        y.copy_(x)
-    torch.cuda.synchronize()
-    return 2 * x.numel() * 2 * 10 / (time.perf_counter() - t0) / 1e9
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="silu_mul.json")
@@ -76,7 +64,7 @@ def main(argv=None):
     ap.add_argument("--rows", default="1,32,160")
     ap.add_argument("--widths", default=",".join(WIDTHS))
     args = ap.parse_args(argv)
-    bandwidth = copy_gb_per_s()
+    bandwidth = copy_bandwidth(torch.device("cuda"), torch.bfloat16, 2.0)["gb_per_s"]
     print(f"copy {bandwidth:.0f} GB/s", flush=True)
     rows_out = []
     for name in args.widths.split(","):

@@ -255,9 +255,8 @@ def _attention_launch(num_seqs: int, max_query_len: int, num_heads: int, num_kv_
     wide_knob = _knob("wide_tiles", None, max_query_len)  # None: 16-bit inputs only
     wide = (dtype.itemsize == 2 if wide_knob is None else wide_knob) and max_query_len <= QUERY_TILE and \
         block_d <= 128 and num_seqs * n_qblocks * num_kv_heads * WIDE_GRID_SHARE >= programs_target
-    if wide:
-        block_n, num_warps = _knob("block_n", 128, max_query_len), (8 if block_d >= 128 else 4)
     if wide:  # unsplit, unless a knob asks (benchmarks/attention_fusion.py --override '{"wide_splits": 2}')
+        block_n, num_warps = _knob("block_n", 128, max_query_len), (8 if block_d >= 128 else 4)
         splits = min(max(int(_knob("wide_splits", 1, max_query_len)), 1), _max_kv_splits(max_query_len))
     else:
         splits = 1 if max_query_len > SPLIT_MAX_QUERY else _num_kv_splits(
@@ -367,7 +366,8 @@ def _num_kv_splits(programs: int, max_context: int, block_n: int, target: int, m
         return 1
     min_tiles = _knob("min_tiles", min_tiles, max_query_len)
     splits = max(1, min(most, triton.cdiv(target, programs), max_context // (min_tiles * block_n)))
-    # A power of two (at most MAX_KV_SPLITS, which sizes the combine's BLOCK_S): few distinct counts.
+    # A power of two (at most MAX_KV_SPLITS, or the max_splits knob; the combine's BLOCK_S covers either): few
+    # distinct counts.
     return 1 << (splits.bit_length() - 1)
 
 
