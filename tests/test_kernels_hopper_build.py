@@ -85,13 +85,20 @@ built += 1
 from hf_specdec.kernels import decode_linear_triton as dl, paged_attention_triton as pa
 from hf_specdec.kernels import rotary_paged_attention_triton as rpa
 pdl = dict(options=dict(num_warps=4, launch_pdl=True))
+gemv_sig = dict(x_ptr="*bf16", w_ptr="*bf16", bias_ptr="*bf16", norm_ptr="*bf16", res_ptr="*bf16", y_ptr="*bf16",
+                N_OUT="i32", K="i32", stride_wn="i32", eps="fp32")
+gemv_plain = dict(HAS_BIAS=False, NORM=False, GATED=False, RESIDUAL=False)
 variants = [
-    (dl._gemv_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", bias_ptr="*bf16", y_ptr="*bf16", N="i32", K="i32",
-                           stride_wn="i32"), dict(HAS_BIAS=False, BLOCK_N=4, BLOCK_K=512, ONE_TILE=False)),
-    (dl._gemv_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", bias_ptr="*bf16", y_ptr="*bf16", N="i32", K="i32",
-                           stride_wn="i32"), dict(HAS_BIAS=True, BLOCK_N=4, BLOCK_K=2048, ONE_TILE=True)),
-    (dl._gemv_tma_kernel, dict(x_ptr="*bf16", w_desc="tensordesc<bf16[8, 256]>", bias_ptr="*bf16", y_ptr="*bf16",
-                               N="i32", K="i32"), dict(HAS_BIAS=False, BLOCK_N=8, BLOCK_K=256, NUM_STAGES=4)),
+    (dl._gemv_kernel, gemv_sig, dict(gemv_plain, BLOCK_N=4, BLOCK_K=512, ONE_TILE=False)),
+    (dl._gemv_kernel, gemv_sig, dict(gemv_plain, HAS_BIAS=True, BLOCK_N=4, BLOCK_K=2048, ONE_TILE=True)),
+    (dl._gemv_kernel, gemv_sig, dict(HAS_BIAS=False, NORM=True, GATED=True, RESIDUAL=False, BLOCK_N=4, BLOCK_K=512,
+                                     ONE_TILE=False)),  # RMSNorm before, SiLU·up after
+    (dl._gemv_tma_kernel, dict(gemv_sig, w_desc="tensordesc<bf16[8, 256]>"),
+     dict(gemv_plain, BLOCK_N=8, BLOCK_K=256, NUM_STAGES=4)),
+    (dl._gemv_tma_kernel, dict(gemv_sig, w_desc="tensordesc<bf16[2, 8, 256]>"),
+     dict(gemv_plain, NORM=True, GATED=True, BLOCK_N=8, BLOCK_K=256, NUM_STAGES=4)),
+    (dl._gemv_tma_kernel, dict(gemv_sig, w_desc="tensordesc<bf16[8, 256]>"),
+     dict(gemv_plain, RESIDUAL=True, BLOCK_N=8, BLOCK_K=256, NUM_STAGES=4)),
     (pa._write_kv_kernel, dict(key_ptr="*bf16", value_ptr="*bf16", key_cache_ptr="*bf16", value_cache_ptr="*bf16",
                                slot_ptr="*i64", **{n: "i32" for n in (
                                    "num_kv_heads", "head_dim", "block_size", "stride_kt", "stride_kh", "stride_vt",
@@ -147,4 +154,4 @@ def test_kernels_build_for_hopper(tmp_path):
     done = subprocess.run([sys.executable, "-c", _BUILD], cwd=root, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
-    assert "built 17" in done.stdout or "built 7 (no PDL in this Triton)" in done.stdout, done.stdout
+    assert "built 20" in done.stdout or "built 7 (no PDL in this Triton)" in done.stdout, done.stdout

@@ -155,16 +155,36 @@ def ngram_drafts(tokens, pads, length, k: int, min_n: int, max_n: int) -> tuple[
     return ops.ngram_drafts_op(tokens, pads, length, _int(k), _int(min_n), _int(max_n))
 
 
-def decode_linear(x, weight, bias=None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``; one half-precision row on a Hopper GPU runs ``decode_linear_triton``'s GEMV
-    where it beats cuBLAS."""
-    return ops.decode_linear_op(x, weight, bias)
+def decode_linear(x, weight, bias=None, *, norm_weight=None, eps: float = 0.0, gated: bool = False,
+                  residual=None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``, after the model's RMSNorm (``norm_weight``, ``eps``), followed by SiLU·up
+    (``gated``: a [gate; up] weight) and the residual add (``residual``) where given (``decode_linear_reference``).
+    One half-precision row on a Hopper GPU runs ``decode_linear_triton``'s GEMV in one launch with all of them (the
+    plain matmul only where it beats cuBLAS)."""
+    if norm_weight is None and not gated and residual is None:
+        return ops.decode_linear_op(x, weight, bias)
+    return ops.decode_linear_fused_op(x, weight, bias, norm_weight, _float(eps), bool(gated), residual)
+
+
+def decode_fusions_run(weight: torch.Tensor) -> bool:
+    """Whether ``decode_linear``'s fusions suit a model with weights like ``weight``: on a Hopper GPU in half
+    precision each is one GEMV launch; on the CPU the references compute the model's own operations. Elsewhere
+    (another GPU, float32) they would run one by one: slower than Inductor, which fuses the residual add with the
+    norm after it."""
+    if not weight.is_cuda:
+        return True
+    if not ops.HAS_TRITON or weight.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    from .decode_linear_triton import measured_gpu
+
+    return measured_gpu(weight.device) is not None
 
 
 __all__ = [
     "all_true",
     "commit_round",
     "commit_reference",
+    "decode_fusions_run",
     "decode_linear",
     "decode_linear_reference",
     "device_constant",

@@ -75,6 +75,8 @@ import triton.language as tl
 
 from .pdl import pdl_enabled, pdl_launch
 from .pdl_triton import wait_for_previous_then_release_next
+from .rms_norm_triton import rms_norm_triton
+from .silu_mul_triton import silu_mul_triton
 
 try:  # Triton 3.4 and later: host-side TMA descriptors
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -85,52 +87,106 @@ except ImportError:  # pragma: no cover  (an older Triton: the TMA launches fall
 LAUNCH_OVERRIDE: dict = {}
 
 
-@triton.jit(do_not_specialize=["N", "K"])
-def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, N, K, stride_wn,
-                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ONE_TILE: tl.constexpr,
-                 USE_PDL: tl.constexpr):
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+@triton.jit
+def _rms_scale(x_ptr, K, eps, BLOCK_K: tl.constexpr):
+    """``1 / sqrt(mean(x^2) + eps)`` over the row, in float32: the model's RMSNorm before the matmul (NORM)."""
     rk = tl.arange(0, BLOCK_K)
-    n_in = rn < N
-    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :]
-    # The weight is no kernel's output: its first tile loads before the PDL wait, beside the previous kernel.
-    w = tl.load(w_ptrs, mask=n_in[:, None] & (rk < K)[None, :], other=0.0, eviction_policy="evict_first")
-    wait_for_previous_then_release_next(USE_PDL)
-    if ONE_TILE:  # BLOCK_K >= K: the program's rows in one load, every byte of them in flight at once
-        x = tl.load(x_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)
-        y = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+    squares = tl.zeros((BLOCK_K,), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        x = tl.load(x_ptr + k0 + rk, mask=rk < K - k0, other=0.0).to(tl.float32)
+        squares += x * x
+    return 1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
+
+
+@triton.jit
+def _input_tile(x_ptr, norm_ptr, k0, rk, K, scale, NORM: tl.constexpr):
+    """The row's columns ``k0 + rk`` in float32; with NORM, the RMSNorm's output there: scaled, rounded to the row's
+    dtype, times the norm's weight, rounded again (``rms_norm_reference``)."""
+    x = tl.load(x_ptr + k0 + rk, mask=rk < K - k0, other=0.0)
+    if NORM:
+        nw = tl.load(norm_ptr + k0 + rk, mask=rk < K - k0, other=0.0).to(tl.float32)
+        x = ((x.to(tl.float32) * scale).to(x.dtype).to(tl.float32) * nw).to(x.dtype)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _store_outputs(y, rows, in_range, bias_ptr, res_ptr, y_ptr, n0, N_OUT, HAS_BIAS: tl.constexpr,
+                   GATED: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``y``: the float32 sums of the tile's weight ``rows``. Adds the bias and rounds as the model's own operations
+    do between them: ``silu(gate) * up`` with GATED (``silu_mul_reference``), then ``residual +`` with RESIDUAL; stores
+    outputs ``n0 .. n0 + BLOCK_N``."""
+    dtype = y_ptr.dtype.element_ty
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + rows, mask=in_range, other=0.0).to(tl.float32)
+    if GATED:  # tile rows 2i and 2i + 1: output i's gate and up
+        gate, up = tl.split(tl.reshape(y.to(dtype).to(tl.float32), (BLOCK_N, 2)))
+        y = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32) * up
+    n = n0 + tl.arange(0, BLOCK_N)
+    if RESIDUAL:
+        y = y.to(dtype).to(tl.float32) + tl.load(res_ptr + n, mask=n < N_OUT, other=0.0).to(tl.float32)
+    tl.store(y_ptr + n, y.to(dtype), mask=n < N_OUT)
+
+
+@triton.jit(do_not_specialize=["N_OUT", "K"])
+def _gemv_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, res_ptr, y_ptr, N_OUT, K, stride_wn, eps,
+                 HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ONE_TILE: tl.constexpr, USE_PDL: tl.constexpr):
+    n0 = tl.program_id(0) * BLOCK_N
+    if GATED:  # 2 BLOCK_N weight rows: gate row n and up row N_OUT + n side by side for each output n
+        i = tl.arange(0, 2 * BLOCK_N)
+        n = n0 + i // 2
+        rows = n + (i % 2) * N_OUT
     else:
-        acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+        n = n0 + tl.arange(0, BLOCK_N)
+        rows = n
+    in_range = n < N_OUT
+    rk = tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wn + rk[None, :]
+    # The weight is no kernel's output: its first tile loads before the PDL wait, beside the previous kernel.
+    w = tl.load(w_ptrs, mask=in_range[:, None] & (rk < K)[None, :], other=0.0, eviction_policy="evict_first")
+    wait_for_previous_then_release_next(USE_PDL)
+    scale = _rms_scale(x_ptr, K, eps, BLOCK_K) if NORM else 1.0
+    if ONE_TILE:  # BLOCK_K >= K: the program's rows in one load, every byte of them in flight at once
+        y = tl.sum(w.to(tl.float32) * _input_tile(x_ptr, norm_ptr, 0, rk, K, scale, NORM)[None, :], axis=1)
+    else:
+        acc = tl.zeros((w.shape[0], BLOCK_K), tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            x = tl.load(x_ptr + k0 + rk, mask=rk < K - k0, other=0.0).to(tl.float32)
-            acc += w.to(tl.float32) * x[None, :]
+            acc += w.to(tl.float32) * _input_tile(x_ptr, norm_ptr, k0, rk, K, scale, NORM)[None, :]
             w_ptrs += BLOCK_K  # the next tile, in flight while this one is summed (none past the last)
-            w = tl.load(w_ptrs, mask=n_in[:, None] & (rk < K - k0 - BLOCK_K)[None, :], other=0.0,
+            w = tl.load(w_ptrs, mask=in_range[:, None] & (rk < K - k0 - BLOCK_K)[None, :], other=0.0,
                         eviction_policy="evict_first")
         y = tl.sum(acc, axis=1)
-    if HAS_BIAS:
-        y += tl.load(bias_ptr + rn, mask=n_in, other=0.0).to(tl.float32)
-    tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=n_in)
+    _store_outputs(y, rows, in_range, bias_ptr, res_ptr, y_ptr, n0, N_OUT, HAS_BIAS, GATED, RESIDUAL, BLOCK_N)
 
 
-@triton.jit(do_not_specialize=["N", "K"])
-def _gemv_tma_kernel(x_ptr, w_desc, bias_ptr, y_ptr, N, K, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+@triton.jit(do_not_specialize=["N_OUT", "K"])
+def _gemv_tma_kernel(x_ptr, w_desc, bias_ptr, norm_ptr, res_ptr, y_ptr, N_OUT, K, eps, HAS_BIAS: tl.constexpr,
+                     NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr):
     """The GEMV with its weight tiles brought by TMA (Hopper's tensor memory accelerator) into shared memory, the
-    K loop software-pipelined over ``NUM_STAGES``: more bytes in flight a program than loads into registers hold."""
+    K loop software-pipelined over ``NUM_STAGES``: more bytes in flight a program than loads into registers hold.
+    GATED: the descriptor is the weight as ``(2, N_OUT, K)``, a tile its gate and up rows of the same outputs."""
     n0 = tl.program_id(0) * BLOCK_N
     rk = tl.arange(0, BLOCK_K)
     wait_for_previous_then_release_next(USE_PDL)
-    acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-        w = w_desc.load([n0, k0])  # rows past N and columns past K read as zeros
-        x = tl.load(x_ptr + k0 + rk, mask=rk < K - k0, other=0.0).to(tl.float32)
-        acc += w.to(tl.float32) * x[None, :]
-    rn = n0 + tl.arange(0, BLOCK_N)
-    y = tl.sum(acc, axis=1)
-    if HAS_BIAS:
-        y += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
-    tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+    scale = _rms_scale(x_ptr, K, eps, BLOCK_K) if NORM else 1.0
+    if GATED:
+        acc2 = tl.zeros((2, BLOCK_N, BLOCK_K), tl.float32)
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+            x = _input_tile(x_ptr, norm_ptr, k0, rk, K, scale, NORM)
+            acc2 += w_desc.load([0, n0, k0]).to(tl.float32) * x[None, None, :]  # past N_OUT and K: zeros
+        y = tl.reshape(tl.permute(tl.sum(acc2, axis=2), (1, 0)), (2 * BLOCK_N,))  # gate and up side by side
+        i = tl.arange(0, 2 * BLOCK_N)
+        n = n0 + i // 2
+        rows = n + (i % 2) * N_OUT
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+            acc += w_desc.load([n0, k0]).to(tl.float32) * _input_tile(x_ptr, norm_ptr, k0, rk, K, scale, NORM)[None, :]
+        y = tl.sum(acc, axis=1)
+        n = n0 + tl.arange(0, BLOCK_N)
+        rows = n
+    _store_outputs(y, rows, n < N_OUT, bias_ptr, res_ptr, y_ptr, n0, N_OUT, HAS_BIAS, GATED, RESIDUAL, BLOCK_N)
 
 
 # Per GPU, (N, K) -> launch for the weights where the GEMV won (benchmarks/decode_linear.py --sweep).
@@ -167,6 +223,22 @@ _MEASURED = {
         (512, 3072): dict(block_n=4, block_k=4096, num_warps=8, num_stages=1),
     },
 }
+# Launches with a norm, SiLU·up or a residual add fused in, by weight (N x K); None: the operations one by one
+# (benchmarks/decode_linear_fused.py --sweep, H200 2026-11-29: us a call, fused against the launches it replaces).
+_FUSED = {
+    "H100": {},
+    "H200": {
+        (6144, 4096): dict(tma=True, block_n=16, block_k=256, num_warps=4, num_stages=4),  # 8B q/k/v 17.45 / 19.74
+        (4096, 4096): dict(tma=True, block_n=8, block_k=256, num_warps=4, num_stages=4),  # 8B o_proj 11.51 / 12.63
+        (28672, 4096): dict(tma=True, block_n=16, block_k=128, num_warps=4, num_stages=4),  # 8B gate/up 59.5 / 65.8
+        (4096, 14336): None,  # 8B down_proj: 36.32 against cuBLAS and the add's 33.63
+        (3072, 2048): dict(tma=True, block_n=32, block_k=256, num_warps=4, num_stages=4),  # 1B q/k/v 7.28 / 8.02
+        (2048, 2048): dict(block_n=8, block_k=2048, num_warps=4, num_stages=1),  # 1B o_proj 5.14 / 6.28
+        (16384, 2048): dict(tma=True, block_n=16, block_k=256, num_warps=4, num_stages=4),  # 1B gate/up 19.9 / 22.1
+        (2048, 8192): dict(block_n=4, block_k=1024, num_warps=4, num_stages=1),  # 1B down_proj 14.08 / 15.17
+    },
+}
+_FUSED_DEFAULT = dict(tma=True, block_n=16, block_k=256, num_warps=4, num_stages=4)  # any other shape
 # An output layer over a large vocabulary (measured at 128256 tokens), by hidden size; none on an H200.
 _OUTPUT_LAYER = {
     "H100": {
@@ -213,53 +285,89 @@ def swept_launches(path: str, gpu_name: str, pdl: str) -> dict:
     return launches
 
 
-def gemv_config(n: int, k: int, device: torch.device) -> Optional[dict]:
-    """The launch for an ``(n, k)`` weight where the kernel beat cuBLAS on this GPU, else None."""
+def gemv_config(n: int, k: int, device: torch.device, fused: bool = False) -> Optional[dict]:
+    """The launch for an ``(n, k)`` weight where the kernel beat cuBLAS on this GPU, else None. ``fused``: a launch
+    with a norm, SiLU·up or a residual add in it (``_FUSED``), which any Hopper GPU runs (the unfused launches it
+    saves are worth more than the few percent cuBLAS wins by on some shapes)."""
     if LAUNCH_OVERRIDE:
         return dict(LAUNCH_OVERRIDE)
     path = os.environ.get(TABLE_ENV)
-    if path:
+    if path and not fused:
         swept = swept_launches(path, torch.cuda.get_device_name(device), "on" if pdl_enabled(device) else "off")
         if (n, k) in swept:
             return dict(swept[(n, k)]) if swept[(n, k)] else None
     gpu = measured_gpu(device)
     if gpu is None:
         return None
+    if fused:
+        launch = _FUSED[gpu].get((n, k), _FUSED_DEFAULT)
+        return dict(launch) if launch is not None else None
     if n >= 65536:
         return _OUTPUT_LAYER[gpu].get(k)
     return _MEASURED[gpu].get((n, k))
 
 
-def decode_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``: the GEMV kernel for one half-precision row of a weight in its table."""
+def decode_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                         norm_weight: Optional[torch.Tensor] = None, eps: float = 0.0, gated: bool = False,
+                         residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``decode_linear_reference``: one launch of a GEMV kernel for one half-precision row, with what is fused into
+    it, where the tables hold a launch; else the same operations one by one (cuBLAS for the matmul)."""
     N, K = weight.shape
-    rows = x.numel() // K if K else 0
+    n_out = N // 2 if gated else N
+    fused = norm_weight is not None or gated or residual is not None
     cfg = None
-    if (rows == 1 and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
-            and weight.stride(1) == 1 and (bias is None or bias.stride(0) == 1)):  # strided: cuBLAS reads it as is
-        cfg = gemv_config(N, K, x.device)
+    if _one_half_row(x, weight, bias, K) and _fusable(x, norm_weight, residual, gated, N, K, n_out):
+        cfg = gemv_config(N, K, x.device, fused)
     if cfg is not None and cfg.get("tma") and not tma_readable(weight):
         cfg = None  # a misaligned view: cuBLAS reads it as is
     if cfg is None:
-        return F.linear(x, weight, bias)
+        return _unfused(x, weight, bias, norm_weight, eps, gated, residual)
     x1 = x.reshape(K)
     if x1.stride(0) != 1:
         x1 = x1.contiguous()
-    y = torch.empty(N, dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(N, cfg["block_n"]),)
-    launch = dict(num_warps=cfg["num_warps"], **pdl_launch(x.device))
+    y = torch.empty(n_out, dtype=x.dtype, device=x.device)
+    extra = (bias if bias is not None else x1, norm_weight if norm_weight is not None else x1,
+             residual.reshape(n_out) if residual is not None else x1, y, n_out, K)
+    flags = dict(HAS_BIAS=bias is not None, NORM=norm_weight is not None, GATED=gated, RESIDUAL=residual is not None,
+                 BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"], num_warps=cfg["num_warps"], **pdl_launch(x.device))
+    grid = (triton.cdiv(n_out, cfg["block_n"]),)
     # Triton launches on the current device: a layer on another GPU (a split model) switches to its own.
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
         if cfg.get("tma"):
-            desc = TensorDescriptor(weight, [N, K], [weight.stride(0), 1], [cfg["block_n"], cfg["block_k"]])
-            _gemv_tma_kernel[grid](x1, desc, bias if bias is not None else x1, y, N, K, HAS_BIAS=bias is not None,
-                                   BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"], NUM_STAGES=cfg["num_stages"],
-                                   **launch)
+            shape, strides = ([2, n_out, K], [n_out * weight.stride(0), weight.stride(0), 1]) if gated else \
+                ([N, K], [weight.stride(0), 1])
+            desc = TensorDescriptor(weight, shape, strides, [2] * gated + [cfg["block_n"], cfg["block_k"]])
+            _gemv_tma_kernel[grid](x1, desc, *extra, float(eps), NUM_STAGES=cfg["num_stages"], **flags)
         else:
-            _gemv_kernel[grid](x1, weight, bias if bias is not None else weight, y, N, K, weight.stride(0),
-                               HAS_BIAS=bias is not None, BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"],
-                               ONE_TILE=cfg["block_k"] >= K, num_stages=cfg["num_stages"], **launch)
-    return y.reshape(*x.shape[:-1], N)
+            _gemv_kernel[grid](x1, weight, *extra, weight.stride(0), float(eps), ONE_TILE=cfg["block_k"] >= K,
+                               num_stages=cfg["num_stages"], **flags)
+    return y.reshape(*x.shape[:-1], n_out)
+
+
+def _one_half_row(x, weight, bias, K) -> bool:
+    """One row of a half-precision ``x`` and a weight (and bias) of its dtype without a stride along its last
+    dimension (a strided one cuBLAS reads as is)."""
+    return ((x.numel() // K if K else 0) == 1 and x.dtype in (torch.bfloat16, torch.float16)
+            and weight.dtype == x.dtype and weight.stride(1) == 1 and (bias is None or bias.stride(0) == 1))
+
+
+def _fusable(x, norm_weight, residual, gated, N, K, n_out) -> bool:
+    """What is fused has the row's dtype and size, unstrided; a gated weight an even number of rows."""
+    return ((norm_weight is None or (norm_weight.dtype == x.dtype and norm_weight.shape == (K,)
+                                     and norm_weight.stride(0) == 1))
+            and (residual is None or (residual.dtype == x.dtype and residual.numel() == n_out
+                                      and residual.is_contiguous()))
+            and (not gated or N % 2 == 0))
+
+
+def _unfused(x, weight, bias, norm_weight, eps, gated, residual) -> torch.Tensor:
+    """The fused launch's operations one by one: the norm and SiLU·up in their own kernels, the matmul in cuBLAS."""
+    if norm_weight is not None:
+        x = rms_norm_triton(x, norm_weight, eps)
+    y = F.linear(x, weight, bias)
+    if gated:
+        y = silu_mul_triton(*y.chunk(2, dim=-1))
+    return y if residual is None else residual + y
 
 
 def tma_readable(weight: torch.Tensor) -> bool:

@@ -36,13 +36,13 @@ from .step_metadata_reference import step_metadata_reference
 from .typical_acceptance_reference import typical_accept_reference
 
 
-_HAS_TRITON = importlib.util.find_spec("triton") is not None
+HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 def _impl(tensor: Tensor, module: str, name: str, reference: Callable) -> Callable:
     """``module.name`` (a Triton launcher) for a CUDA ``tensor`` when Triton is installed, else ``reference``.
     Only a missing Triton falls back: a broken kernel module must fail loudly, not run the slow reference."""
-    if tensor.is_cuda and _HAS_TRITON:
+    if tensor.is_cuda and HAS_TRITON:
         return getattr(importlib.import_module(f"{__package__}.{module}"), name)
     return reference
 
@@ -192,6 +192,18 @@ def decode_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tenso
 @decode_linear_op.register_fake
 def _(x, weight, bias):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.custom_op("hf_specdec::decode_linear_fused", mutates_args=())
+def decode_linear_fused_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], norm_weight: Optional[Tensor],
+                           eps: float, gated: bool, residual: Optional[Tensor]) -> Tensor:
+    fn = _impl(x, "decode_linear_triton", "decode_linear_triton", decode_linear_reference)
+    return fn(x, weight, bias, norm_weight, eps, gated, residual)
+
+
+@decode_linear_fused_op.register_fake
+def _(x, weight, bias, norm_weight, eps, gated, residual):
+    return x.new_empty((*x.shape[:-1], weight.shape[0] // 2 if gated else weight.shape[0]))
 
 
 @torch.library.custom_op("hf_specdec::commit_round", mutates_args=(

@@ -44,6 +44,7 @@ from ..kernels import decode_linear  # also registers torch.ops.hf_specdec.decod
 from .module_copies import plain, with_children
 
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+_FUSED_ATTRIBUTE = dict(zip(GROUPS, ("fused_qkv", "fused_gate_up")))  # where the uncompiled copy keeps a group
 
 
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -68,6 +69,26 @@ class DecodeLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         linear = decode_linear if uses_decode_linear(self.weight) else F.linear
         return linear(x, self.weight, self.bias)
+
+
+def fused_group(module: nn.Module, names: tuple[str, ...]) -> Optional[tuple]:
+    """``(weight, bias, sizes)`` of the one matmul a runner copy's ``module`` computes for its projections ``names``
+    (one of ``GROUPS``): the uncompiled copy's ``fused_qkv`` / ``fused_gate_up``, or ``FusedSliceLinear`` children
+    covering one fused tensor in order (the compiled copy's); None where they are not fused. Read at each forward:
+    ``repair`` may have given the copies new fused tensors."""
+    own = getattr(module, _FUSED_ATTRIBUTE[names], None)
+    if own is not None:
+        return own
+    linears = [getattr(module, name, None) for name in names]
+    if not all(isinstance(linear, FusedSliceLinear) for linear in linears):
+        return None
+    weight, bias, start = linears[0].fused_weight, linears[0].fused_bias, 0
+    for linear in linears:
+        if linear.fused_weight is not weight or linear.fused_start != start:
+            return None
+        start = linear.fused_stop
+    return (weight, bias, tuple(linear.fused_stop - linear.fused_start for linear in linears)) \
+        if start == weight.shape[0] else None
 
 
 def uses_decode_linear(weight: torch.Tensor) -> bool:

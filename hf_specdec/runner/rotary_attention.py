@@ -69,26 +69,38 @@ def rotary_class(module: nn.Module) -> Optional[type]:
         return None
     window, qk_norm = spec
     return subclass(type(module), "Rotary", {"forward": _forward, "_paged_window": staticmethod(window),
-                                             "_paged_qk_norm": qk_norm, "fused_qkv": None}, _SUBCLASSES)
+                                             "_paged_qk_norm": qk_norm, "fused_qkv": None,
+                                             "paged_applies": _paged_applies, "paged_attend": _paged_attend},
+                    _SUBCLASSES)
 
 
 def _forward(self, hidden_states, *args, **kwargs):
     batch = kwargs.get(PAGED_BATCH_KWARG)
     position_embeddings = kwargs.get("position_embeddings", args[0] if args else None)
-    if batch is None or position_embeddings is None or position_embeddings[0].shape[-1] != self.head_dim:
-        # not the runner's paged forward, or a rotary over part of the head: the model's own forward
+    if not _paged_applies(self, batch, position_embeddings):
         return super(type(self), self).forward(hidden_states, *args, **kwargs)
-    tokens = hidden_states.shape[1]  # a batch of one: the step's packed tokens
-    shape = (tokens, -1, self.head_dim)
     if self.fused_qkv is not None:  # the uncompiled copy of a model whose q/k/v share one tensor: one matmul
         weight, bias, sizes = self.fused_qkv
-        q, k, v = (x.view(shape) for x in fused_linear(hidden_states, weight, bias).split(sizes, dim=-1))
+        q, k, v = fused_linear(hidden_states, weight, bias).split(sizes, dim=-1)
     else:
-        q = self.q_proj(hidden_states).view(shape)
-        k = self.k_proj(hidden_states).view(shape)
-        v = self.v_proj(hidden_states).view(shape)
+        q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
+    return self.o_proj(_paged_attend(self, q, k, v, position_embeddings, batch)), None
+
+
+def _paged_applies(self, batch, position_embeddings) -> bool:
+    """The runner's paged forward (its batch given) with a rotary over the whole head: ``_paged_attend`` computes
+    the module's attention."""
+    return batch is not None and position_embeddings is not None and position_embeddings[0].shape[-1] == self.head_dim
+
+
+def _paged_attend(self, q, k, v, position_embeddings, batch):
+    """The attention before the output projection, ``(1, tokens, heads x head_dim)``, from the projections of a batch
+    of one row of packed tokens (Qwen3's q/k norms, then the rotary, K/V write and attention in one op)."""
+    tokens = q.shape[1]
+    shape = (tokens, -1, self.head_dim)
+    q, k, v = q.view(shape), k.view(shape), v.view(shape)
     if self._paged_qk_norm:
         q, k = self.q_norm(q), self.k_norm(k)
     cos, sin = position_embeddings
     out = paged_rotary_attention(self, q, k, v, cos[0], sin[0], self.scaling, self._paged_window(self), batch)
-    return self.o_proj(out.reshape(1, tokens, -1)), None
+    return out.reshape(1, tokens, -1)
