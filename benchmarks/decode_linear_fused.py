@@ -15,7 +15,7 @@ docs/kernels.md), the matmul as the runner runs it alone (cuBLAS, or the table's
 add. The fused launch is swept over ``SWEEP`` (``--sweep``) or the table's (``gemv_config(..., fused=True)``).
 Prints us per call and unfused / fused.
 
-    python benchmarks/decode_linear_fused.py --sweep --out decode_linear_fused.json
+    python benchmarks/decode_linear_fused.py --sweep [--wide] --out decode_linear_fused.json
 """
 from __future__ import annotations
 
@@ -36,12 +36,13 @@ from hf_specdec.kernels import decode_linear_triton as dl, rms_norm, silu_mul  #
 FUSIONS = {"qkv": dict(norm=True), "o": dict(residual=True), "gate_up": dict(norm=True, gated=True),
            "down": dict(residual=True)}
 SWEEP = {"block_n": (1, 2, 4, 8), "block_k": (512, 1024, "K"), "num_warps": (4, 8)}  # "K": the row in one tile
-SWEEP_TMA = {"block_n": (8, 16, 32), "block_k": (128, 256)}
+SWEEP_TMA = {"block_n": (8, 16, 32), "block_k": (128, 256), "num_stages": (4,)}
+WIDE_TMA = {"block_n": (4, 8, 16, 32), "block_k": (64, 128, 256, 512), "num_stages": (3, 4, 6, 8)}  # --wide
 
 
-def launches(sweep: bool, k: int, gated: bool, tma: bool):
+def launches(sweep: bool, k: int, gated: bool, tma: bool, tma_space: dict = SWEEP_TMA):
     """The table's launch, or every launch of ``SWEEP`` of at most 128 weights a thread (a gated tile holds twice
-    ``block_n`` rows) and, for a weight TMA can address, of ``SWEEP_TMA`` (4 warps, 4 stages)."""
+    ``block_n`` rows) and, for a weight TMA can address, of ``tma_space`` (4 warps)."""
     if not sweep:
         yield {}
         return
@@ -49,8 +50,9 @@ def launches(sweep: bool, k: int, gated: bool, tma: bool):
         block_k = triton.next_power_of_2(k) if block_k == "K" else block_k
         if block_n * block_k * (1 + gated) // (32 * warps) <= 128:
             yield dict(block_n=block_n, block_k=block_k, num_warps=warps, num_stages=1)
-    for block_n, block_k in itertools.product(*SWEEP_TMA.values()) if tma else ():
-        yield dict(tma=True, block_n=block_n, block_k=block_k, num_warps=4, num_stages=4)
+    for block_n, block_k, stages in itertools.product(*tma_space.values()) if tma else ():
+        if block_n * block_k * 2 * (1 + gated) * stages <= 200 << 10:  # the stages' tiles fit in shared memory
+            yield dict(tma=True, block_n=block_n, block_k=block_k, num_warps=4, num_stages=stages)
 
 
 def unfused(x, w, norm_weight, residual, gated):
@@ -68,6 +70,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="8b.qkv,8b.o,8b.gate_up,8b.down,1b.qkv,1b.o,1b.gate_up,1b.down")
     parser.add_argument("--calls", type=int, default=40)
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--wide", action="store_true", help="--sweep the TMA launches of WIDE_TMA")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     dtype, device = torch.bfloat16, torch.device("cuda")
@@ -84,7 +87,7 @@ def main() -> None:
         base_us = graph_time_us(lambda a, w: unfused(a, w, nw, res, gated), weights, x, args.calls)
         want = unfused(x, weights[0], nw, res, gated).float()
         best = None
-        for cfg in launches(args.sweep, k, gated, dl.tma_readable(weights[0])):
+        for cfg in launches(args.sweep, k, gated, dl.tma_readable(weights[0]), WIDE_TMA if args.wide else SWEEP_TMA):
             dl.LAUNCH_OVERRIDE.clear()
             dl.LAUNCH_OVERRIDE.update(cfg)
             try:

@@ -119,3 +119,16 @@ def test_fused_launch_table(monkeypatch):
     assert dl.gemv_config(1000, 300, cpu, fused=True) is not None  # a shape never measured
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     assert dl.gemv_config(6144, 4096, cpu, fused=True) is None
+
+
+def test_a_shape_listed_as_none_runs_the_operations_one_by_one(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    monkeypatch.setitem(dl._FUSED["H200"], (24, 64), None)
+    cpu = torch.device("cpu")
+    assert dl.gemv_config(24, 64, cpu, fused=True) is None and dl.gemv_config(24, 128, cpu, fused=True)
+    x, w, b, nw, r = inputs(24, 64, True, True, True, True)
+    ran = []
+    monkeypatch.setattr(dl, "_unfused", lambda *a: ran.append(1) or decode_linear_reference(*a))
+    dl.decode_linear_triton(x, w, b, nw, 1e-6, True, r)
+    assert ran == [1]

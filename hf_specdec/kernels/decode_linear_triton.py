@@ -21,6 +21,14 @@ Neither reads the big weights at the copy rate: every one-row matmul (cuBLAS too
 ramp and tail inside a graph, whatever the kernel (a persistent streaming GEMV and prefetching the weight into L2
 first changed nothing: ``benchmarks/gemv_probes.py``, docs/kernels.md).
 
+Since a launch pays that whatever it does, both kernels can also do a layer's pointwise work (constexpr flags):
+``NORM`` the model's RMSNorm of the row before the matmul (each program sums the squares itself, from L2),
+``GATED`` SiLU·up of a ``[gate; up]`` weight after it (a tile holds the gate and up rows of the same outputs),
+``RESIDUAL`` the residual add; each rounds where the model's operations do (``decode_linear_reference``). Any
+Hopper GPU runs them as one launch (``_FUSED``: the launches ``benchmarks/decode_linear_fused.py --sweep --wide``
+chose on an H200, each faster than the launches it replaces, e.g. the 8B gate/up with its norm and SiLU·up 58.9
+against 66.4 us); ``runner/one_token_layers.py`` calls them.
+
 ``N`` and ``K`` are runtime ints; the launch comes from ``gemv_config``, per GPU a table of the shapes where a
 kernel beat cuBLAS (``benchmarks/decode_linear.py --sweep``, one launch of 40 in a graph, weights not in L2, PDL
 off; us per call):
@@ -223,18 +231,18 @@ _MEASURED = {
         (512, 3072): dict(block_n=4, block_k=4096, num_warps=8, num_stages=1),
     },
 }
-# Launches with a norm, SiLU·up or a residual add fused in, by weight (N x K); None: the operations one by one
-# (benchmarks/decode_linear_fused.py --sweep, H200 2026-11-29: us a call, fused against the launches it replaces).
+# Launches with a norm, SiLU·up or a residual add fused in, by weight (N x K); None would run the operations one by
+# one (benchmarks/decode_linear_fused.py --sweep [--wide], H200 2026-11-29: us a call, fused / what it replaces).
 _FUSED = {
     "H100": {},
     "H200": {
-        (6144, 4096): dict(tma=True, block_n=16, block_k=256, num_warps=4, num_stages=4),  # 8B q/k/v 17.45 / 19.74
+        (6144, 4096): dict(tma=True, block_n=16, block_k=512, num_warps=4, num_stages=3),  # 8B q/k/v 16.05 / 19.40
         (4096, 4096): dict(tma=True, block_n=8, block_k=256, num_warps=4, num_stages=4),  # 8B o_proj 11.51 / 12.63
-        (28672, 4096): dict(tma=True, block_n=16, block_k=128, num_warps=4, num_stages=4),  # 8B gate/up 59.5 / 65.8
-        (4096, 14336): None,  # 8B down_proj: 36.32 against cuBLAS and the add's 33.63
-        (3072, 2048): dict(tma=True, block_n=32, block_k=256, num_warps=4, num_stages=4),  # 1B q/k/v 7.28 / 8.02
+        (28672, 4096): dict(tma=True, block_n=16, block_k=128, num_warps=4, num_stages=3),  # 8B gate/up 58.9 / 66.4
+        (4096, 14336): dict(tma=True, block_n=4, block_k=512, num_warps=4, num_stages=3),  # 8B down 30.73 / 34.28
+        (3072, 2048): dict(tma=True, block_n=8, block_k=512, num_warps=4, num_stages=3),  # 1B q/k/v 6.75 / 7.98
         (2048, 2048): dict(block_n=8, block_k=2048, num_warps=4, num_stages=1),  # 1B o_proj 5.14 / 6.28
-        (16384, 2048): dict(tma=True, block_n=16, block_k=256, num_warps=4, num_stages=4),  # 1B gate/up 19.9 / 22.1
+        (16384, 2048): dict(tma=True, block_n=32, block_k=256, num_warps=4, num_stages=3),  # 1B gate/up 19.3 / 22.3
         (2048, 8192): dict(block_n=4, block_k=1024, num_warps=4, num_stages=1),  # 1B down_proj 14.08 / 15.17
     },
 }
