@@ -116,7 +116,8 @@ def test_fused_launch_table(monkeypatch):
     cpu = torch.device("cpu")
     assert dl.gemv_config(6144, 4096, cpu) is None  # 8B q/k/v alone: cuBLAS
     assert dl.gemv_config(6144, 4096, cpu, fused=True) is not None  # with its norm: the GEMV
-    assert dl.gemv_config(1000, 300, cpu, fused=True) is not None  # a shape never measured
+    assert dl.gemv_config(1000, 300, cpu, fused=True) == dl._FUSED_DEFAULT  # a shape never measured
+    assert dl.gemv_config(1024, 512, cpu, fused=True) == dl.gemv_config(1024, 512, cpu)  # the plain GEMV's launch
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     assert dl.gemv_config(6144, 4096, cpu, fused=True) is None
 

@@ -72,19 +72,46 @@ def test_other_steps_and_layers_keep_the_models_forward(fused_calls, monkeypatch
     _steps(model, uncompiled_copy(model, shared_projections(model)), rows=2)  # 2 rows: 2 tokens a step
     _steps(model, uncompiled_copy(model))  # no shared storage: the layer is swapped, its forward falls back
     assert fused_calls == []
-    other = build_model("llama_gqa")
-    other.model.layers[0].register_forward_hook(lambda *a: None)
-    names = [type(layer).__name__ for layer in uncompiled_copy(other, shared_projections(other)).model.layers]
-    assert names[0] == "LlamaDecoderLayer" and names[1] == "OneTokenLlamaDecoderLayer", names
-    monkeypatch.setattr(one_token_layers, "decode_fusions_run", lambda weight: False)  # e.g. a non-Hopper GPU
-    assert one_token_layers.one_token_class(other.model.layers[1]) is None
     assert one_token_layers.one_token_class(build_model("gpt2").transformer.h[0]) is None
+    monkeypatch.setattr(one_token_layers, "decode_fusions_run", lambda weight: False)  # e.g. a non-Hopper GPU
+    copy = uncompiled_copy(model, shared_projections(model))
+    assert not any(layer.fuses_one_token for layer in copy.model.layers)
 
 
-def test_fusions_run_where_they_pay():
-    from hf_specdec.kernels import decode_fusions_run
+@pytest.mark.parametrize("where", ["hook", "forward", "later hook", "layer hook"])
+def test_a_hooked_or_overridden_child_keeps_its_layer_on_the_models_forward(where, fused_calls):
+    """Every layer keeps the one class (repeated blocks for regional compilation); the last one, whose MLP has a hook
+    or a forward of its own (or gets a hook after the copy was made), or which has a hook itself, runs the model's
+    forward, and so its hook."""
+    model = build_model("llama_gqa")
+    mlp, seen = model.model.layers[-1].mlp, []
+    if where == "hook":
+        mlp.register_forward_hook(lambda *a: seen.append(1))
+    elif where == "layer hook":
+        model.model.layers[-1].register_forward_hook(lambda *a: seen.append(1))
+    elif where == "forward":
+        mlp.forward = lambda x, mlp=mlp: seen.append(1) or type(mlp).forward(mlp, x)
+    copy = uncompiled_copy(model, shared_projections(model))
+    if where == "later hook":
+        mlp.register_forward_hook(lambda *a: seen.append(1))
+    assert len({type(layer) for layer in copy.model.layers}) == 1
+    assert [layer.fuses_one_token for layer in copy.model.layers] == [True, where == "later hook"]
+    _steps(model, copy)
+    layers = model.config.num_hidden_layers
+    assert len(fused_calls) == 4 * 3 * (layers - 1) and len(seen) == 5  # the hook at all 5 steps
+
+
+def test_fusions_run_where_they_pay(monkeypatch):
+    from types import SimpleNamespace
+
+    from hf_specdec.kernels import decode_fusions_run, decode_linear_triton
 
     assert decode_fusions_run(torch.empty(2, 2))  # CPU: the references, the model's own operations
+    gpu = lambda dtype: SimpleNamespace(is_cuda=True, dtype=dtype, device=torch.device("cuda"))  # noqa: E731
+    monkeypatch.setattr(decode_linear_triton, "measured_gpu", lambda device: "H200")
+    assert decode_fusions_run(gpu(torch.bfloat16)) and not decode_fusions_run(gpu(torch.float32))
+    monkeypatch.setattr(decode_linear_triton, "measured_gpu", lambda device: None)  # not a Hopper GPU
+    assert not decode_fusions_run(gpu(torch.bfloat16))
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])

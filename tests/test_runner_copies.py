@@ -16,8 +16,14 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from cache_models import build_model
 from hf_specdec.cache import PagedKVCache, paged_attention_enabled, paged_forward
+from hf_specdec.runner.module_copies import copy_with
 from hf_specdec.runner.paged_model import uncompiled_copy
-from hf_specdec.runner.rotary_attention import rotary_attention_copy
+from hf_specdec.runner.rotary_attention import rotary_class
+
+
+def rotary_attention_copy(model):
+    """The compiled copy's attention swap alone (``compiled_regions.compiled_copy`` without the fused storage)."""
+    return copy_with(model, rotary_class)
 
 
 def _qwen3():

@@ -246,7 +246,7 @@ _FUSED = {
         (2048, 8192): dict(block_n=4, block_k=1024, num_warps=4, num_stages=1),  # 1B down_proj 14.08 / 15.17
     },
 }
-_FUSED_DEFAULT = dict(tma=True, block_n=16, block_k=256, num_warps=4, num_stages=4)  # any other shape
+_FUSED_DEFAULT = dict(tma=True, block_n=16, block_k=256, num_warps=4, num_stages=4)  # a shape in neither table
 # An output layer over a large vocabulary (measured at 128256 tokens), by hidden size; none on an H200.
 _OUTPUT_LAYER = {
     "H100": {
@@ -307,8 +307,9 @@ def gemv_config(n: int, k: int, device: torch.device, fused: bool = False) -> Op
     gpu = measured_gpu(device)
     if gpu is None:
         return None
-    if fused:
-        launch = _FUSED[gpu].get((n, k), _FUSED_DEFAULT)
+    if fused:  # a shape not swept fused: the plain GEMV's launch where one was swept (the small layers' one-tile
+        table = _FUSED[gpu]  # launches), else the default
+        launch = table[(n, k)] if (n, k) in table else _MEASURED[gpu].get((n, k), _FUSED_DEFAULT)
         return dict(launch) if launch is not None else None
     if n >= 65536:
         return _OUTPUT_LAYER[gpu].get(k)

@@ -89,8 +89,9 @@ class BackgroundCompile:
         self.disk = disk if disk is not None else CompileCache()
         device = input_device(model)
         self.prewarm = prewarm if prewarm is not None else (device.type == "cuda" and backend == "inductor")
-        self.key = key or cache_key([model], extra=("compile_regions", "dynamic", "fused_projections", "decode_linear",
-                                                    "one_token_layers", str(backend), SHAPES, f"inductor_pdl={inductor_pdl()}",
+        self.key = key or cache_key([model], extra=("compile_regions", "dynamic", "fused_projections",
+                                                    "decode_linear", "one_token_layers", str(backend), SHAPES,
+                                                    f"inductor_pdl={inductor_pdl()}",
                                                     f"post_grad={PostGradPasses().uuid()[:16]}"))
         self.attempt = attempt  # a failure reported by attempt 1 is tried once more (``retry``)
         self.compiled = None

@@ -12,7 +12,8 @@ counts of 1 apart, which torch specialises).
 What is compiled is ``fused_projections.shared_projections(model).module_copy(model)``: q/k/v and gate/up
 run as one matmul each, over weights the user's parameters are views of; in it, Llama-family attention modules
 hand their keys over before the rotary (``rotary_attention.py``: rotary and K/V write in one launch), and their
-layers at one token run their norms, SiLU·up and residual adds inside the matmuls (``one_token_layers.py``). A draft head
+layers at one token run their norms, SiLU·up and residual adds inside the matmuls (``one_token_layers.py``). A
+draft head
 of one layer is compiled whole instead (``compiled_whole``). The user's modules are not changed
 (``compile_regions`` and the copies are shallow copies that share modules and weights).
 """
@@ -25,7 +26,7 @@ from transformers import PreTrainedModel
 from .fused_projections import shared_projections
 from .inductor_passes import inductor_options
 from .module_copies import copy_with
-from .one_token_layers import one_token_class
+from .one_token_layers import mark_one_token_layers, one_token_class
 from .rotary_attention import rotary_class
 
 # compiled variants per code object: (target, draft) x (1 token, any count) x (full, sliding-window layers) ...
@@ -36,11 +37,19 @@ def compile_model(model: PreTrainedModel, backend="inductor"):
     """A callable like ``model`` whose repeated decoder layers (and other children) are compiled; a draft head of
     one layer is compiled whole (``compiled_whole``)."""
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, _CACHE_SIZE_LIMIT)
-    fused = copy_with(shared_projections(model).module_copy(model), lambda m: rotary_class(m) or one_token_class(m))
+    fused = compiled_copy(model)
     options = {"options": inductor_options()} if backend == "inductor" else {}
     if compiled_whole(model):
         return torch.compile(fused, dynamic=True, backend=backend, **options)
     return compile_regions(fused, dynamic=True, backend=backend, **options)
+
+
+def compiled_copy(model: PreTrainedModel):
+    """What ``compile_model`` compiles: the fused projections' copy (``fused_projections.py``) with the runner's
+    attention (``rotary_attention.py``) and one-token layers (``one_token_layers.py``); the user's model unchanged."""
+    copy = copy_with(shared_projections(model).module_copy(model), lambda m: rotary_class(m) or one_token_class(m))
+    mark_one_token_layers(copy, model)
+    return copy
 
 
 def compiled_whole(model: PreTrainedModel) -> bool:

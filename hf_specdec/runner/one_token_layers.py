@@ -1,7 +1,8 @@
 """Llama-family decoder layers of the runner's copies at one token: the layer's pointwise work inside its matmuls.
 
-A decode step at b = 1 runs ten launches a layer as Inductor compiles it: RMSNorm, q/k/v, the attention and its
-split combine, o_proj, the residual add with the next RMSNorm, gate/up, SiLU·up, down_proj, the last residual add.
+A decode step at b = 1 runs eleven launches a layer as Inductor compiles it: RMSNorm, q/k/v, the attention and its
+split combine, o_proj, the residual add with the next RMSNorm, gate/up, SiLU·up, down_proj and cuBLAS's split-K
+reduce, the last residual add.
 The small ones cost 1-2 us each on an H200 plus the gap before the next (docs/kernels.md). At one token (a step of
 one row: a decode at b = 1, the draft's steps after its first) a layer of the runner's copies here runs six: the
 norms in the prologues of the q/k/v and gate/up GEMVs, SiLU·up in gate/up's epilogue, the residual adds in
@@ -15,7 +16,8 @@ Other token counts run the model's own forward (compiled, Inductor fuses each re
 it); so do layers whose q/k/v or gate/up do not share one tensor (``fused_projections.py``: the runs that compile)
 and models where the fusions would run one by one (``kernels.decode_fusions_run``). Exact classes only: the
 Llama, Mistral, Qwen2 and Qwen3 decoder layers whose attention ``rotary_attention.py`` swaps and whose norms and
-MLP ``eager_fusions.py`` knows (transformers' RMSNorm, a SiLU MLP), with plain output projections.
+MLP ``eager_fusions.py`` knows (transformers' RMSNorm, a SiLU MLP), with plain output projections, no hooks
+(``mark_one_token_layers``; a hook added to one of them later makes its layer run the model's forward).
 """
 from __future__ import annotations
 
@@ -45,32 +47,55 @@ def _supported() -> tuple:
 
 
 def one_token_class(module: nn.Module) -> Optional[type]:
-    """The one-token class for a supported, plain decoder layer (its children as above, its weights where the
-    fusions run); else None."""
+    """The one-token class for a supported decoder layer, whether or not it may fuse (a hooked one runs the model's
+    forward, its hooks with it): one class for all of a model's layers keeps them repeated blocks for regional
+    compilation (``compiled_regions.py``); ``mark_one_token_layers`` says which fuse. Else None."""
     global _LAYERS
     if _LAYERS is None:
         _LAYERS = _supported()
-    if type(module) not in _LAYERS or not plain(module):
+    if type(module) not in _LAYERS:
         return None
-    attn, mlp = module.self_attn, module.mlp
-    if (rotary_class(attn) is None or fused_class(mlp) is None or fused_class(module.input_layernorm) is None
-            or fused_class(module.post_attention_layernorm) is None
-            or not all(type(linear) in (nn.Linear, DecodeLinear) and plain(linear)
-                       for linear in (attn.o_proj, mlp.down_proj))
-            or not decode_fusions_run(attn.o_proj.weight)):
-        return None
-    return subclass(type(module), "OneToken", {"forward": _forward}, _SUBCLASSES)
+    return subclass(type(module), "OneToken", {"forward": _forward, "fuses_one_token": False}, _SUBCLASSES)
+
+
+def mark_one_token_layers(copy: nn.Module, model: nn.Module) -> None:
+    """Let each one-token layer of ``copy`` (a runner copy of ``model``) fuse where ``model``'s layer of the same
+    name is fit: the attention ``rotary_attention.py`` swaps, transformers' RMSNorms and SiLU MLP
+    (``eager_fusions.fused_class``), plain output projections, no hooks or per-instance ``forward`` on them or it,
+    weights where the fusions run (``kernels.decode_fusions_run``)."""
+    originals = dict(model.named_modules())
+    for name, layer in copy.named_modules():
+        if type(layer) in _SUBCLASSES.values() and originals.get(name) is not None and layer is not originals[name]:
+            layer.fuses_one_token = _fit(originals[name])
+
+
+def _fit(layer: nn.Module) -> bool:
+    attn, mlp, norms = layer.self_attn, layer.mlp, (layer.input_layernorm, layer.post_attention_layernorm)
+    linears = (getattr(attn, "o_proj", None), getattr(mlp, "down_proj", None))
+    return (plain(layer) and rotary_class(attn) is not None and fused_class(mlp) is not None
+            and all(fused_class(norm) is not None for norm in norms)
+            and all(type(linear) in (nn.Linear, DecodeLinear) and plain(linear) for linear in linears)
+            and not any("forward" in vars(m) for m in (attn, mlp, *norms, *linears))  # hooks: plain()
+            and decode_fusions_run(attn.o_proj.weight))
+
+
+def _hooked(modules) -> bool:
+    """A hook registered on one of ``modules`` after the copy was made: their own forwards must run."""
+    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
 
 
 def _forward(self, hidden_states, *args, **kwargs):
+    if not self.fuses_one_token or hidden_states.shape[0] != 1 or hidden_states.shape[1] != 1:
+        return super(type(self), self).forward(hidden_states, *args, **kwargs)
     attn, mlp = self.self_attn, self.mlp
+    norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
     batch, position_embeddings = kwargs.get(PAGED_BATCH_KWARG), kwargs.get("position_embeddings")
     qkv, gate_up = fused_group(attn, GROUPS[0]), fused_group(mlp, GROUPS[1])
-    if (hidden_states.shape[0] != 1 or hidden_states.shape[1] != 1 or qkv is None or gate_up is None
-            or not hasattr(attn, "paged_attend") or not attn.paged_applies(batch, position_embeddings)
+    if (qkv is None or gate_up is None or not hasattr(attn, "paged_attend")
+            or not attn.paged_applies(batch, position_embeddings)
+            or _hooked((attn, mlp, norm1, norm2, attn.o_proj, mlp.down_proj))
             or torch.is_grad_enabled() or torch.is_autocast_enabled(hidden_states.device.type)):  # no autograd
         return super(type(self), self).forward(hidden_states, *args, **kwargs)
-    norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
     q, k, v = decode_linear(hidden_states, qkv[0], qkv[1], norm_weight=norm1.weight,
                             eps=norm1.variance_epsilon).split(qkv[2], dim=-1)
     out = attn.paged_attend(q, k, v, position_embeddings, batch)

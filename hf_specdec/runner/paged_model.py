@@ -17,7 +17,7 @@ from ..cache import PagedBatch, PagedKVCache, paged_forward
 from .eager_fusions import fused_class
 from .fused_projections import GROUPS, SharedProjections
 from .module_copies import copy_with
-from .one_token_layers import one_token_class
+from .one_token_layers import mark_one_token_layers, one_token_class
 from .rotary_attention import rotary_class
 
 
@@ -82,6 +82,7 @@ def uncompiled_copy(model: PreTrainedModel, shared: Optional[SharedProjections] 
     where ``shared`` fused a module's q/k/v or gate/up storage, that module's projections are one matmul, and its
     layer at one token runs the norms, SiLU·up and residual adds inside the matmuls (``one_token_layers.py``)."""
     copy = copy_with(model, lambda module: rotary_class(module) or fused_class(module) or one_token_class(module))
+    mark_one_token_layers(copy, model)
     if shared is None or not shared.groups or copy is model:
         return copy
     originals = dict(model.named_modules())

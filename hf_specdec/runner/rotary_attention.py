@@ -28,7 +28,7 @@ from torch import nn
 
 from ..cache import PAGED_BATCH_KWARG, paged_rotary_attention
 from .fused_projections import fused_linear
-from .module_copies import copy_with, plain, subclass
+from .module_copies import plain, subclass
 
 
 def _window_of_config(module) -> Optional[int]:
@@ -52,11 +52,6 @@ def _supported() -> dict[type, tuple[Callable, bool]]:
 
 _SUPPORTED: Optional[dict] = None
 _SUBCLASSES: dict[type, type] = {}
-
-
-def rotary_attention_copy(model: nn.Module) -> nn.Module:
-    """A shallow copy of ``model`` in which every supported attention module runs ``_forward``."""
-    return copy_with(model, rotary_class)
 
 
 def rotary_class(module: nn.Module) -> Optional[type]:
