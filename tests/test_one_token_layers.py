@@ -7,6 +7,7 @@ steps of several tokens, layers without shared storage and hooked layers keep th
 speculative output through generate() equals the target's own with the layers in the draft's and target's steps.
 """
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -50,31 +51,30 @@ def _model(family):
 
 
 @pytest.mark.parametrize("family", ["llama_gqa", "mistral_sliding8", "qwen2_sliding", "qwen3"])
-def test_one_token_steps_run_four_fused_matmuls_a_layer(family, fused_calls, monkeypatch):
+def test_one_token_steps_run_four_fused_matmuls_a_layer(family, fused_calls):
     model = _model(family)
     shared = shared_projections(model)
-    copy = uncompiled_copy(model, shared)
+    copy = uncompiled_copy(model, shared, one_token=True)
     assert all(type(layer).__name__.startswith("OneToken") for layer in copy.model.layers)
     assert not any(type(layer).__name__.startswith("OneToken") for layer in model.model.layers)  # the user's
     got = _steps(model, copy)
     layers = model.config.num_hidden_layers
     assert fused_calls == [["eps", "norm_weight"], ["residual"], ["eps", "gated", "norm_weight"], ["residual"]] * (
         3 * layers)  # the three one-token steps, each layer
-    monkeypatch.setattr(paged_model, "one_token_class", lambda module: None)
-    plain = uncompiled_copy(model, shared)  # the same copy with the model's own layers
-    assert not any(type(layer).__name__.startswith("OneToken") for layer in plain.model.layers)
+    plain = uncompiled_copy(model, shared)  # the runner's: the same copy with the model's own layers (no JIT
+    assert not any(type(layer).__name__.startswith("OneToken") for layer in plain.model.layers)  # in a first call)
     for step, (g, w) in enumerate(zip(got, _steps(model, plain))):
         assert torch.equal(g, w), (family, step, (g - w).abs().max())
 
 
 def test_other_steps_and_layers_keep_the_models_forward(fused_calls, monkeypatch):
     model = build_model("llama_gqa")
-    _steps(model, uncompiled_copy(model, shared_projections(model)), rows=2)  # 2 rows: 2 tokens a step
-    _steps(model, uncompiled_copy(model))  # no shared storage: the layer is swapped, its forward falls back
+    _steps(model, uncompiled_copy(model, shared_projections(model), one_token=True), rows=2)  # 2 tokens a step
+    _steps(model, uncompiled_copy(model, one_token=True))  # no shared storage: the layers fall back
     assert fused_calls == []
     assert one_token_layers.one_token_class(build_model("gpt2").transformer.h[0]) is None
     monkeypatch.setattr(one_token_layers, "decode_fusions_run", lambda weight: False)  # e.g. a non-Hopper GPU
-    copy = uncompiled_copy(model, shared_projections(model))
+    copy = uncompiled_copy(model, shared_projections(model), one_token=True)
     assert not any(layer.fuses_one_token for layer in copy.model.layers)
 
 
@@ -91,7 +91,7 @@ def test_a_hooked_or_overridden_child_keeps_its_layer_on_the_models_forward(wher
         model.model.layers[-1].register_forward_hook(lambda *a: seen.append(1))
     elif where == "forward":
         mlp.forward = lambda x, mlp=mlp: seen.append(1) or type(mlp).forward(mlp, x)
-    copy = uncompiled_copy(model, shared_projections(model))
+    copy = uncompiled_copy(model, shared_projections(model), one_token=True)
     if where == "later hook":
         mlp.register_forward_hook(lambda *a: seen.append(1))
     assert len({type(layer) for layer in copy.model.layers}) == 1
@@ -117,14 +117,16 @@ def test_fusions_run_where_they_pay(monkeypatch):
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize("k", [0, 1, 3])
 def test_greedy_output_with_one_token_layers_is_the_targets(family, k, fused_calls, monkeypatch):
-    """Shared q/k/v and gate/up storage on the CPU (as the first call that compiles makes it on a GPU): at b = 1
-    the target's plain steps (k = 0) and the draft's steps after its first run the one-token layers; at k = 1 no step
+    """Shared q/k/v and gate/up storage on the CPU (as the first call that compiles makes it on a GPU) and the
+    one-token layers in the uncompiled copy (on a GPU the compiled copy's): at b = 1 the target's plain steps (k = 0)
+    and the draft's steps after its first run the one-token layers; at k = 1 no step
     is of one token (the verify reads 2, the draft's one step the last round's 2)."""
     import hf_specdec
     from hf_specdec.runner import spec_runner
     from models import left_padded_prompts, make_draft, make_model
 
     monkeypatch.setattr(spec_runner, "shared_projections", lambda model, share=True: shared_projections(model))
+    monkeypatch.setattr(paged_model, "uncompiled_copy", functools.partial(paged_model.uncompiled_copy, one_token=True))
     target = hf_specdec.enable(make_model(family, seed=1))
     draft = make_draft(target, "mix")
     ids, mask = left_padded_prompts(1, seed=4)
@@ -142,7 +144,7 @@ def test_the_compiled_copy_runs_the_one_token_layers(monkeypatch):
     from hf_specdec.runner.compiled_regions import compile_model
 
     model = build_model("qwen2_sliding")
-    want = _steps(model, uncompiled_copy(model, shared_projections(model)))
+    want = _steps(model, uncompiled_copy(model, shared_projections(model), one_token=True))
     calls, real = [], ops.decode_linear_reference
     monkeypatch.setattr(ops, "decode_linear_reference", lambda *a: calls.append(len(a)) or real(*a))
     torch._dynamo.reset()

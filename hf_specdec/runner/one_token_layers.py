@@ -1,12 +1,13 @@
-"""Llama-family decoder layers of the runner's copies at one token: the layer's pointwise work inside its matmuls.
+"""Llama-family decoder layers of the runner's compiled copy at one token: the layer's pointwise work inside its
+matmuls.
 
 A decode step at b = 1 runs eleven launches a layer as Inductor compiles it: RMSNorm, q/k/v, the attention and its
 split combine, o_proj, the residual add with the next RMSNorm, gate/up, SiLU·up, down_proj and cuBLAS's split-K
-reduce, the last residual add.
-The small ones cost 1-2 us each on an H200 plus the gap before the next (docs/kernels.md). At one token (a step of
-one row: a decode at b = 1, the draft's steps after its first) a layer of the runner's copies here runs six: the
-norms in the prologues of the q/k/v and gate/up GEMVs, SiLU·up in gate/up's epilogue, the residual adds in
-o_proj's and down_proj's (``kernels.decode_linear``):
+reduce, the last residual add. The small ones cost 1-2 us each on an H200 plus the gap before the next
+(docs/kernels.md). At one token (a step of one row: a decode at b = 1, the draft's steps after its first) a layer
+of the compiled copy (``compiled_regions.compiled_copy``) runs six: the norms in the prologues of the q/k/v and
+gate/up GEMVs, SiLU·up in gate/up's epilogue, the residual adds in o_proj's and down_proj's
+(``kernels.decode_linear``):
 
     qkv = linear(norm1(h), W_qkv)                 ->  attention (q/k norms, rotary, K/V write: rotary_attention.py)
     h   = h + linear(attention, W_o)

@@ -76,12 +76,16 @@ def paged_models(models: dict, caches: dict, vocab_size: int, compiled: dict, pl
     return out
 
 
-def uncompiled_copy(model: PreTrainedModel, shared: Optional[SharedProjections] = None) -> PreTrainedModel:
+def uncompiled_copy(model: PreTrainedModel, shared: Optional[SharedProjections] = None,
+                    one_token: bool = False) -> PreTrainedModel:
     """The copy of ``model`` that its uncompiled paged forwards run: Llama-family attention rotating and writing
     K/V in one launch (``rotary_attention.py``), RMSNorm and the MLP's activation in one each (``eager_fusions.py``);
-    where ``shared`` fused a module's q/k/v or gate/up storage, that module's projections are one matmul, and its
-    layer at one token runs the norms, SiLU·up and residual adds inside the matmuls (``one_token_layers.py``)."""
-    copy = copy_with(model, lambda module: rotary_class(module) or fused_class(module) or one_token_class(module))
+    where ``shared`` fused a module's q/k/v or gate/up storage, that module's projections are one matmul. The
+    one-token layers (``one_token_layers.py``) only with ``one_token``: the runner's rounds run this copy while the
+    compiled one is being made, inside a process's first call, where each of their GEMV launches (four a model)
+    would be one more Triton JIT compile; the compiled copy has them."""
+    copy = copy_with(model, lambda module: (rotary_class(module) or fused_class(module)
+                                            or (one_token_class(module) if one_token else None)))
     mark_one_token_layers(copy, model)
     if shared is None or not shared.groups or copy is model:
         return copy
