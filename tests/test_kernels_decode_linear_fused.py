@@ -133,3 +133,20 @@ def test_a_shape_listed_as_none_runs_the_operations_one_by_one(monkeypatch):
     monkeypatch.setattr(dl, "_unfused", lambda *a: ran.append(1) or decode_linear_reference(*a))
     dl.decode_linear_triton(x, w, b, nw, 1e-6, True, r)
     assert ran == [1]
+
+
+@pytest.mark.parametrize("rows,norm,gated,residual", [(5, True, True, False), (17, False, False, True)])
+def test_few_rows_probe_kernel_matches_reference(rows, norm, gated, residual):
+    """``benchmarks/few_rows_probe.py``'s kernel (tensor-core tiles over a few rows; float16: the interpreter's
+    ``tl.dot`` multiplies bfloat16 as raw bits) against the reference."""
+    from benchmarks.few_rows_probe import few_rows_fused
+
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 192, generator=gen).to(torch.float16)
+    w = (torch.randn(96, 192, generator=gen) / 192 ** 0.5).to(torch.float16)
+    nw = (1 + 0.3 * torch.randn(192, generator=gen)).to(torch.float16) if norm else None
+    r = torch.randn(rows, 48 if gated else 96, generator=gen).to(torch.float16) if residual else None
+    got = few_rows_fused(x, w, nw, 1e-5, gated, r, dict(block_n=32, block_k=64, num_stages=3))
+    as32 = (lambda t: None if t is None else t.float())  # noqa: E731
+    want = decode_linear_reference(x.float(), w.float(), None, as32(nw), 1e-5, gated, as32(r))
+    torch.testing.assert_close(got.float(), want, rtol=5 * 2 ** -10, atol=5 * 2 ** -10)

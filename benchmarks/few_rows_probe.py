@@ -1,0 +1,158 @@
+"""Whether a layer's fusions pay for a few rows too: a probe for the steps the one-token layers leave to Inductor.
+
+The one-token layers (``runner/one_token_layers.py``) run a layer's norms, SiLU·up and residual adds inside four
+GEMVs, but only at one row: a verify of k + 1 tokens at b = 1, the draft's first step (2 tokens), and every step at
+b = 8-32 still run the model's layers (RMSNorm with the add before it, cuBLAS, SiLU·up, the last add: about 11
+launches a layer). This probe times, for ``--rows`` rows and the 8B / 1B matmuls of a layer, inside one CUDA graph of
+``--calls`` launches over weights rotated out of L2:
+
+    unfused   kernels.rms_norm, F.linear (cuBLAS), kernels.silu_mul, a torch add: the launches a layer runs now
+    fused     ``_few_rows_kernel``: the weight's tiles by TMA (BLOCK_N rows x BLOCK_K), the rows' tile
+              (BLOCK_M >= 16, rows past M masked) normed in the prologue, ``tl.dot(w, x^T)`` on the tensor cores
+              (the weight as the wide operand: swap-AB), SiLU·up and the residual add in the epilogue
+
+and prints both, their ratio and the fused launch's error against the unfused one (max abs). Nothing here is used by
+the runner: a ratio well above 1 at the runner's row counts is the case for few-row layers.
+
+    python benchmarks/few_rows_probe.py --rows 2,5,8,16,32 --out $OUT/few_rows.json     # CUDA (Hopper); minutes
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script from anywhere
+
+from benchmarks.decode_linear import SHAPES, graph_time_us, rotated_weights  # noqa: E402
+from benchmarks.decode_linear_fused import FUSIONS  # noqa: E402
+from hf_specdec.kernels import rms_norm, silu_mul  # noqa: E402
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover
+    TensorDescriptor = None
+
+SWEEP = {"block_n": (32, 64, 128), "block_k": (64, 128, 256), "num_stages": (3, 4)}
+
+
+@triton.jit
+def _few_rows_kernel(x_ptr, w_desc, norm_ptr, res_ptr, y_ptr, M, N_OUT, K, eps, NORM: tl.constexpr,
+                     GATED: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr):
+    n0 = tl.program_id(0) * BLOCK_N
+    rm = tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    m_in = rm < M
+    dtype = y_ptr.dtype.element_ty
+    scale = tl.full((BLOCK_M,), 1.0, tl.float32)
+    if NORM:  # each row's 1 / sqrt(mean(x^2) + eps)
+        squares = tl.zeros((BLOCK_M, BLOCK_K), tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            x = tl.load(x_ptr + rm[:, None] * K + k0 + rk[None, :], mask=m_in[:, None] & (rk < K - k0)[None, :],
+                        other=0.0).to(tl.float32)
+            squares += x * x
+        scale = 1.0 / tl.sqrt(tl.sum(squares, axis=1) / K + eps)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        x = tl.load(x_ptr + rm[:, None] * K + k0 + rk[None, :], mask=m_in[:, None] & (rk < K - k0)[None, :],
+                    other=0.0)
+        if NORM:
+            nw = tl.load(norm_ptr + k0 + rk, mask=rk < K - k0, other=0.0).to(tl.float32)
+            x = ((x.to(tl.float32) * scale[:, None]).to(dtype).to(tl.float32) * nw[None, :]).to(dtype)
+        xt = tl.trans(x)
+        acc = tl.dot(w_desc.load([n0, k0]), xt, acc)
+        if GATED:
+            acc_up = tl.dot(w_desc.load([N_OUT + n0, k0]), xt, acc_up)
+    y = tl.trans(acc).to(dtype).to(tl.float32)  # (BLOCK_M, BLOCK_N)
+    if GATED:
+        y = (y / (1.0 + tl.exp(-y))).to(dtype).to(tl.float32) * tl.trans(acc_up).to(dtype).to(tl.float32)
+    rn = n0 + tl.arange(0, BLOCK_N)
+    mask = m_in[:, None] & (rn < N_OUT)[None, :]
+    if RESIDUAL:
+        y = y.to(dtype).to(tl.float32) + tl.load(res_ptr + rm[:, None] * N_OUT + rn[None, :], mask=mask,
+                                                 other=0.0).to(tl.float32)
+    tl.store(y_ptr + rm[:, None] * N_OUT + rn[None, :], y.to(dtype), mask=mask)
+
+
+def few_rows_fused(x, w, norm_weight, eps, gated, residual, cfg):
+    """``decode_linear_reference(x, w, None, norm_weight, eps, gated, residual)`` for a few contiguous rows of x."""
+    m, k = x.shape
+    n_out = w.shape[0] // 2 if gated else w.shape[0]
+    y = torch.empty(m, n_out, dtype=x.dtype, device=x.device)
+    desc = TensorDescriptor(w, list(w.shape), [w.stride(0), 1], [cfg["block_n"], cfg["block_k"]])
+    block_m = max(16, triton.next_power_of_2(m))
+    _few_rows_kernel[(triton.cdiv(n_out, cfg["block_n"]),)](
+        x, desc, norm_weight if norm_weight is not None else x, residual if residual is not None else x, y, m, n_out,
+        k, float(eps), NORM=norm_weight is not None, GATED=gated, RESIDUAL=residual is not None, BLOCK_M=block_m,
+        BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"], NUM_STAGES=cfg["num_stages"], num_warps=4)
+    return y
+
+
+def unfused(x, w, norm_weight, eps, gated, residual):
+    """The launches a layer runs for this matmul now: the norm, cuBLAS, SiLU·up, the add."""
+    if norm_weight is not None:
+        x = rms_norm(x, norm_weight, eps)
+    y = F.linear(x, w)
+    if gated:
+        y = silu_mul(*y.chunk(2, dim=-1))
+    return y if residual is None else residual + y
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="8b.qkv,8b.o,8b.gate_up,8b.down,1b.qkv,1b.o,1b.gate_up,1b.down")
+    parser.add_argument("--rows", default="2,5,8,16,32")
+    parser.add_argument("--calls", type=int, default=40)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    dtype, device = torch.bfloat16, torch.device("cuda")
+    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": []}
+    print(result["gpu"], result["torch"])
+    for name in args.shapes.split(","):
+        n, k = SHAPES[name]
+        fusion = FUSIONS[name.split(".", 1)[1]]
+        gated = fusion.get("gated", False)
+        weights = rotated_weights(n, k, dtype, device)
+        nw = (1 + 0.1 * torch.randn(k, device=device)).to(dtype) if fusion.get("norm") else None
+        for m in map(int, args.rows.split(",")):
+            x = torch.randn(m, k, dtype=dtype, device=device)
+            res = torch.randn(m, n // 2 if gated else n, dtype=dtype, device=device) if fusion.get("residual") else None
+            base = graph_time_us(lambda a, w: unfused(a, w, nw, 1e-5, gated, res), weights, x, args.calls)
+            want = unfused(x, weights[0], nw, 1e-5, gated, res).float()
+            best = None
+            for values in itertools.product(*SWEEP.values()):
+                cfg = dict(zip(SWEEP, values))
+                try:
+                    fused = lambda a, w: few_rows_fused(a, w, nw, 1e-5, gated, res, cfg)  # noqa: E731
+                    err = (fused(x, weights[0]).float() - want).abs().max().item()
+                    us = graph_time_us(fused, weights, x, args.calls)
+                except Exception as exc:  # noqa: BLE001  (out of resources: skip the launch)
+                    print(f"  {name} m={m} {cfg}: {type(exc).__name__}")
+                    continue
+                if best is None or us < best[0]:
+                    best = (us, cfg, err)
+            if best is None:
+                continue
+            row = {"shape": name, "n": n, "k": k, "rows": m, "fusion": fusion, "unfused_us": base,
+                   "fused_us": best[0], "config": best[1], "max_abs_err": best[2], "unfused_over_fused": base / best[0]}
+            result["rows"].append(row)
+            print(f"{name:12s} m={m:2d} unfused {base:7.2f} us | fused {best[0]:7.2f} us | x{base / best[0]:.2f} "
+                  f"err {best[2]:.3g} {best[1]}", flush=True)
+        del weights
+        torch.cuda.empty_cache()
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
