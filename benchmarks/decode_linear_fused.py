@@ -65,6 +65,40 @@ def unfused(x, w, norm_weight, residual, gated):
     return y if residual is None else residual + y
 
 
+class LayerMatmul:
+    """One matmul of a layer as the sweeps time it: its fusion, ``rows`` input rows, the norm's weight and the
+    residual where it has them, weight copies rotated out of L2."""
+
+    def __init__(self, name: str, rows: int, dtype=torch.bfloat16, device=torch.device("cuda")):
+        self.n, self.k = SHAPES[name]
+        self.fusion = FUSIONS[name.split(".", 1)[1]]
+        self.gated = self.fusion.get("gated", False)
+        self.weights = rotated_weights(self.n, self.k, dtype, device)
+        self.x = torch.randn(rows, self.k, dtype=dtype, device=device)
+        self.norm_weight = (1 + 0.1 * torch.randn(self.k, device=device)).to(dtype) if self.fusion.get("norm") else None
+        out = self.n // 2 if self.gated else self.n
+        self.residual = torch.randn(rows, out, dtype=dtype, device=device) if self.fusion.get("residual") else None
+
+    def time_us(self, run, calls: int) -> float:
+        """us a call of ``run(x, weight)`` in a graph of ``calls`` launches over the rotated weights."""
+        return graph_time_us(run, self.weights, self.x, calls)
+
+    def fastest(self, launches, run, calls: int, want: torch.Tensor):
+        """(us, launch, max abs error against ``want``) of the fastest of ``launches`` (``run(x, weight, launch)``);
+        None when none ran (a launch out of resources is skipped)."""
+        best = None
+        for launch in launches:
+            try:
+                err = (run(self.x, self.weights[0], launch).float() - want).abs().max().item()
+                us = self.time_us(lambda a, w: run(a, w, launch), calls)
+            except Exception as exc:  # noqa: BLE001
+                print(f"  {launch}: {type(exc).__name__}")
+                continue
+            if best is None or us < best[0]:
+                best = (us, launch, err)
+        return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="8b.qkv,8b.o,8b.gate_up,8b.down,1b.qkv,1b.o,1b.gate_up,1b.down")
@@ -73,43 +107,35 @@ def main() -> None:
     parser.add_argument("--wide", action="store_true", help="--sweep the TMA launches of WIDE_TMA")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    dtype, device = torch.bfloat16, torch.device("cuda")
-    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": str(dtype), "rows": []}
+    device = torch.device("cuda")
+    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": "torch.bfloat16", "rows": []}
     print(result["gpu"], result["torch"])
     for name in args.shapes.split(","):
-        n, k = SHAPES[name]
-        fusion = FUSIONS[name.split(".", 1)[1]]
-        gated = fusion.get("gated", False)
-        weights = rotated_weights(n, k, dtype, device)
-        x = torch.randn(1, k, dtype=dtype, device=device)
-        nw = (1 + 0.1 * torch.randn(k, device=device)).to(dtype) if fusion.get("norm") else None
-        res = torch.randn(1, n // 2 if gated else n, dtype=dtype, device=device) if fusion.get("residual") else None
-        base_us = graph_time_us(lambda a, w: unfused(a, w, nw, res, gated), weights, x, args.calls)
-        want = unfused(x, weights[0], nw, res, gated).float()
-        best = None
-        for cfg in launches(args.sweep, k, gated, dl.tma_readable(weights[0]), WIDE_TMA if args.wide else SWEEP_TMA):
+        mm = LayerMatmul(name, 1)
+        base_us = mm.time_us(lambda a, w: unfused(a, w, mm.norm_weight, mm.residual, mm.gated), args.calls)
+        want = unfused(mm.x, mm.weights[0], mm.norm_weight, mm.residual, mm.gated).float()
+
+        def run(a, w, launch):
             dl.LAUNCH_OVERRIDE.clear()
-            dl.LAUNCH_OVERRIDE.update(cfg)
-            try:
-                fused = lambda a, w: dl.decode_linear_triton(a, w, None, nw, 1e-5, gated, res)  # noqa: E731
-                err = (fused(x, weights[0]).float() - want).abs().max().item()
-                us = graph_time_us(fused, weights, x, args.calls)
-            except Exception as exc:  # noqa: BLE001  (a configuration out of resources: skip it)
-                print(f"  {name} {cfg}: {type(exc).__name__}")
-                continue
-            if best is None or us < best[0]:
-                best = (us, dl.gemv_config(n, k, device, fused=True), err)
+            dl.LAUNCH_OVERRIDE.update(launch)
+            return dl.decode_linear_triton(a, w, None, mm.norm_weight, 1e-5, mm.gated, mm.residual)
+
+        space = WIDE_TMA if args.wide else SWEEP_TMA
+        best = mm.fastest(launches(args.sweep, mm.k, mm.gated, dl.tma_readable(mm.weights[0]), space), run,
+                          args.calls, want)
         dl.LAUNCH_OVERRIDE.clear()
+        if best is not None and not best[1]:  # the table's own launch
+            best = (best[0], dl.gemv_config(mm.n, mm.k, device, fused=True), best[2])
         if best is None:
             print(f"{name}: no configuration ran", flush=True)
             continue
-        row = {"shape": name, "n": n, "k": k, "fusion": fusion, "unfused_us": base_us, "fused_us": best[0],
+        row = {"shape": name, "n": mm.n, "k": mm.k, "fusion": mm.fusion, "unfused_us": base_us, "fused_us": best[0],
                "config": best[1], "max_abs_err": best[2], "unfused_over_fused": base_us / best[0],
-               "fused_tbs": n * k * 2 / best[0] / 1e6}
+               "fused_tbs": mm.n * mm.k * 2 / best[0] / 1e6}
         result["rows"].append(row)
         print(f"{name:12s} unfused {base_us:7.2f} us | fused {best[0]:7.2f} us {row['fused_tbs']:5.2f} TB/s | "
               f"x{row['unfused_over_fused']:.2f} err {best[2]:.3g} {best[1]}", flush=True)
-        del weights
+        del mm
         torch.cuda.empty_cache()
         if args.out:
             with open(args.out, "w") as f:

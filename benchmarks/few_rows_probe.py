@@ -31,8 +31,7 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script from anywhere
 
-from benchmarks.decode_linear import SHAPES, graph_time_us, rotated_weights  # noqa: E402
-from benchmarks.decode_linear_fused import FUSIONS  # noqa: E402
+from benchmarks.decode_linear_fused import LayerMatmul  # noqa: E402
 from hf_specdec.kernels import rms_norm, silu_mul  # noqa: E402
 
 try:
@@ -114,41 +113,26 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=40)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    dtype, device = torch.bfloat16, torch.device("cuda")
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": []}
     print(result["gpu"], result["torch"])
+    launches = [dict(zip(SWEEP, values)) for values in itertools.product(*SWEEP.values())]
     for name in args.shapes.split(","):
-        n, k = SHAPES[name]
-        fusion = FUSIONS[name.split(".", 1)[1]]
-        gated = fusion.get("gated", False)
-        weights = rotated_weights(n, k, dtype, device)
-        nw = (1 + 0.1 * torch.randn(k, device=device)).to(dtype) if fusion.get("norm") else None
         for m in map(int, args.rows.split(",")):
-            x = torch.randn(m, k, dtype=dtype, device=device)
-            res = torch.randn(m, n // 2 if gated else n, dtype=dtype, device=device) if fusion.get("residual") else None
-            base = graph_time_us(lambda a, w: unfused(a, w, nw, 1e-5, gated, res), weights, x, args.calls)
-            want = unfused(x, weights[0], nw, 1e-5, gated, res).float()
-            best = None
-            for values in itertools.product(*SWEEP.values()):
-                cfg = dict(zip(SWEEP, values))
-                try:
-                    fused = lambda a, w: few_rows_fused(a, w, nw, 1e-5, gated, res, cfg)  # noqa: E731
-                    err = (fused(x, weights[0]).float() - want).abs().max().item()
-                    us = graph_time_us(fused, weights, x, args.calls)
-                except Exception as exc:  # noqa: BLE001  (out of resources: skip the launch)
-                    print(f"  {name} m={m} {cfg}: {type(exc).__name__}")
-                    continue
-                if best is None or us < best[0]:
-                    best = (us, cfg, err)
+            mm = LayerMatmul(name, m)
+            nw, res, gated = mm.norm_weight, mm.residual, mm.gated
+            base = mm.time_us(lambda a, w: unfused(a, w, nw, 1e-5, gated, res), args.calls)
+            want = unfused(mm.x, mm.weights[0], nw, 1e-5, gated, res).float()
+            best = mm.fastest(launches, lambda a, w, cfg: few_rows_fused(a, w, nw, 1e-5, gated, res, cfg), args.calls,
+                              want)
             if best is None:
                 continue
-            row = {"shape": name, "n": n, "k": k, "rows": m, "fusion": fusion, "unfused_us": base,
+            row = {"shape": name, "n": mm.n, "k": mm.k, "rows": m, "fusion": mm.fusion, "unfused_us": base,
                    "fused_us": best[0], "config": best[1], "max_abs_err": best[2], "unfused_over_fused": base / best[0]}
             result["rows"].append(row)
             print(f"{name:12s} m={m:2d} unfused {base:7.2f} us | fused {best[0]:7.2f} us | x{base / best[0]:.2f} "
                   f"err {best[2]:.3g} {best[1]}", flush=True)
-        del weights
-        torch.cuda.empty_cache()
+            del mm
+            torch.cuda.empty_cache()
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=1)
