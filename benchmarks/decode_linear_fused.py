@@ -98,6 +98,23 @@ class LayerMatmul:
                 best = (us, launch, err)
         return best
 
+    def record(self, result: dict, name: str, unfused_us: float, best, out, **extra) -> None:
+        """Print ``best`` (``fastest``'s) against the unfused launches and add it to ``result``, written to ``out``
+        after every matmul (a run cut short keeps what it timed)."""
+        if best is None:
+            print(f"{name} {extra}: no launch ran", flush=True)
+            return
+        us, launch, err = best
+        row = {"shape": name, "n": self.n, "k": self.k, **extra, "fusion": self.fusion, "unfused_us": unfused_us,
+               "fused_us": us, "config": launch, "max_abs_err": err, "unfused_over_fused": unfused_us / us,
+               "fused_tbs": self.n * self.k * 2 / us / 1e6}
+        result["rows"].append(row)
+        print(f"{name:12s} {extra or ''} unfused {unfused_us:7.2f} us | fused {us:7.2f} us {row['fused_tbs']:5.2f} "
+              f"TB/s | x{unfused_us / us:.2f} err {err:.3g} {launch}", flush=True)
+        if out:
+            with open(out, "w") as f:
+                json.dump(result, f, indent=1)
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -126,20 +143,9 @@ def main() -> None:
         dl.LAUNCH_OVERRIDE.clear()
         if best is not None and not best[1]:  # the table's own launch
             best = (best[0], dl.gemv_config(mm.n, mm.k, device, fused=True), best[2])
-        if best is None:
-            print(f"{name}: no configuration ran", flush=True)
-            continue
-        row = {"shape": name, "n": mm.n, "k": mm.k, "fusion": mm.fusion, "unfused_us": base_us, "fused_us": best[0],
-               "config": best[1], "max_abs_err": best[2], "unfused_over_fused": base_us / best[0],
-               "fused_tbs": mm.n * mm.k * 2 / best[0] / 1e6}
-        result["rows"].append(row)
-        print(f"{name:12s} unfused {base_us:7.2f} us | fused {best[0]:7.2f} us {row['fused_tbs']:5.2f} TB/s | "
-              f"x{row['unfused_over_fused']:.2f} err {best[2]:.3g} {best[1]}", flush=True)
+        mm.record(result, name, base_us, best, args.out)
         del mm
         torch.cuda.empty_cache()
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

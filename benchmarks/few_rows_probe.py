@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import sys
 
@@ -124,18 +123,9 @@ def main() -> None:
             want = unfused(mm.x, mm.weights[0], nw, 1e-5, gated, res).float()
             best = mm.fastest(launches, lambda a, w, cfg: few_rows_fused(a, w, nw, 1e-5, gated, res, cfg), args.calls,
                               want)
-            if best is None:
-                continue
-            row = {"shape": name, "n": mm.n, "k": mm.k, "rows": m, "fusion": mm.fusion, "unfused_us": base,
-                   "fused_us": best[0], "config": best[1], "max_abs_err": best[2], "unfused_over_fused": base / best[0]}
-            result["rows"].append(row)
-            print(f"{name:12s} m={m:2d} unfused {base:7.2f} us | fused {best[0]:7.2f} us | x{base / best[0]:.2f} "
-                  f"err {best[2]:.3g} {best[1]}", flush=True)
+            mm.record(result, name, base, best, args.out, rows=m)
             del mm
             torch.cuda.empty_cache()
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":
