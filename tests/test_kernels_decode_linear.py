@@ -58,7 +58,7 @@ def test_tma_gemv_matches_reference(launch, dtype, n, k, with_bias, monkeypatch)
     w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(dtype)
     b = torch.randn(n, generator=gen).to(dtype) if with_bias else None
     want = F.linear(x.float(), w.float(), None if b is None else b.float())
-    monkeypatch.setattr(dl.F, "linear", lambda *a: pytest.fail("fell back to F.linear"))
+    monkeypatch.setattr(F, "linear", lambda *a: pytest.fail("fell back to F.linear"))
     monkeypatch.setattr(dl, "_gemv_kernel", None)  # indexing it would fail
     got = dl.decode_linear_triton(x, w, b)
     ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10

@@ -9,7 +9,7 @@ unfused path everywhere).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -20,12 +20,14 @@ from .silu_mul_reference import silu_mul_reference
 
 def decode_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                             norm_weight: Optional[torch.Tensor] = None, eps: float = 0.0, gated: bool = False,
-                            residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+                            residual: Optional[torch.Tensor] = None, *, rms_norm: Callable = rms_norm_reference,
+                            silu_mul: Callable = silu_mul_reference) -> torch.Tensor:
     """``x W^T + b`` over the last dimension of ``x``, with the norm before it and SiLU·up and the residual after it
-    where given."""
+    where given. ``rms_norm`` / ``silu_mul``: what computes those two (the Triton launcher's unfused path passes
+    its kernels)."""
     if norm_weight is not None:
-        x = rms_norm_reference(x, norm_weight, eps)
+        x = rms_norm(x, norm_weight, eps)
     y = F.linear(x, weight, bias)
     if gated:
-        y = silu_mul_reference(*y.chunk(2, dim=-1))
+        y = silu_mul(*y.chunk(2, dim=-1))
     return y if residual is None else residual + y

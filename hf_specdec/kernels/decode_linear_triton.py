@@ -77,10 +77,10 @@ import warnings
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from .decode_linear_reference import decode_linear_reference
 from .pdl import pdl_enabled, pdl_launch
 from .pdl_triton import wait_for_previous_then_release_next
 from .rms_norm_triton import rms_norm_triton
@@ -371,12 +371,8 @@ def _fusable(x, norm_weight, residual, gated, N, K, n_out) -> bool:
 
 def _unfused(x, weight, bias, norm_weight, eps, gated, residual) -> torch.Tensor:
     """The fused launch's operations one by one: the norm and SiLU·up in their own kernels, the matmul in cuBLAS."""
-    if norm_weight is not None:
-        x = rms_norm_triton(x, norm_weight, eps)
-    y = F.linear(x, weight, bias)
-    if gated:
-        y = silu_mul_triton(*y.chunk(2, dim=-1))
-    return y if residual is None else residual + y
+    return decode_linear_reference(x, weight, bias, norm_weight, eps, gated, residual, rms_norm=rms_norm_triton,
+                                   silu_mul=silu_mul_triton)
 
 
 def tma_readable(weight: torch.Tensor) -> bool:

@@ -13,8 +13,7 @@ What is compiled is ``fused_projections.shared_projections(model).module_copy(mo
 run as one matmul each, over weights the user's parameters are views of; in it, Llama-family attention modules
 hand their keys over before the rotary (``rotary_attention.py``: rotary and K/V write in one launch), and their
 layers at one token run their norms, SiLU·up and residual adds inside the matmuls (``one_token_layers.py``). A
-draft head
-of one layer is compiled whole instead (``compiled_whole``). The user's modules are not changed
+draft head of one layer is compiled whole instead (``compiled_whole``). The user's modules are not changed
 (``compile_regions`` and the copies are shallow copies that share modules and weights).
 """
 from __future__ import annotations

@@ -86,7 +86,8 @@ def uncompiled_copy(model: PreTrainedModel, shared: Optional[SharedProjections] 
     would be one more Triton JIT compile; the compiled copy has them."""
     copy = copy_with(model, lambda module: (rotary_class(module) or fused_class(module)
                                             or (one_token_class(module) if one_token else None)))
-    mark_one_token_layers(copy, model)
+    if one_token:
+        mark_one_token_layers(copy, model)
     if shared is None or not shared.groups or copy is model:
         return copy
     originals = dict(model.named_modules())
