@@ -24,7 +24,7 @@ hf_assisted); rows not started within --deadline-s are skipped.
 hf_specdec rows and stage costs: e2e_spec.py.  Greedy rows that differ from plain eager greedy:
 the first divergent position and both tokens' logits there, near-tie or not (divergence.py).
 Derived figures (ideal speedup, efficiency, bandwidth, time outside forwards), tables, summary and
-JSON: e2e_report.py.  docs/evals.md, section 2.
+JSON: e2e_report.py.  docs/end_to_end.md.
 
 GPU:  python benchmarks/e2e.py --target runs/pair/target --draft runs/pair/draft --out $OUT/e2e.json
 CPU smoke: python benchmarks/e2e.py --build-tiny --batch-sizes 1,2 --max-new-tokens 16 --num-prompts 4 \\

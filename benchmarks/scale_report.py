@@ -3,7 +3,7 @@
 Everything here is a pure function of one measured row (one batch size) or of the rows of one run, so the
 projection can be recomputed from the JSON alone (tests/test_scale_smoke.py does). The projection:
 
-    E(a, k)        = (1 - a^(k+1)) / (1 - a)                 tokens a row commits per round (docs/evals.md)
+    E(a, k)        = (1 - a^(k+1)) / (1 - a)                 tokens a row commits per round (docs/real_sizes.md)
     forwards(k)    = k * draft_step + (draft_first_step - draft_step) + verify(k+1)
     overhead       = round(k=4) - forwards(4)                 the measured round's non-forward work, held fixed
     round_cost(k)  = forwards(k) + overhead

@@ -33,7 +33,7 @@ with the adaptive rows marked.
 GPU:  PYTHONPATH=. python benchmarks/strategies.py --target runs/pair/target --draft runs/pair/draft \\
           --prompts .devshim/he/HumanEval.jsonl.gz --compile-wait --out $OUT/strategies.json
       (without --compile-wait the passes may time the first minute, while the models compile in the background:
-      slower rounds, and Hugging Face's compiled row can fail beside that compilation, docs/evals.md §2b)
+      slower rounds, and Hugging Face's compiled row can fail beside that compilation, docs/end_to_end.md)
 CPU smoke: python benchmarks/strategies.py --target runs/tiny_pair/target --draft runs/tiny_pair/draft \\
           --batch-sizes 1,2 --num-prompts 2 --max-new-tokens 12 --k-max 3 --out /tmp/s.json
 """

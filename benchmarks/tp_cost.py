@@ -13,7 +13,7 @@ lockstep (the all-reduces are inside the graphs); rank 0's times are written.
     torchrun --nproc-per-node 2 benchmarks/tp_cost.py --out $OUT/cost_tp2.json  # target TP=2, draft TP=1 and 2
     python benchmarks/tp_cost.py --report $OUT/cost_tp1.json $OUT/cost_tp2.json  # markdown table (stdout)
 
-The report's speedups follow docs/evals.md: with E = (1 - a^(k+1)) / (1 - a) tokens per round at
+The report's speedups follow docs/end_to_end.md: with E = (1 - a^(k+1)) / (1 - a) tokens per round at
 acceptance rate a, ``ideal_forwards = E * target_step / (k * draft_step + (draft_first_step -
 draft_step) + verify_forward)`` (model forwards only) and ``ideal = E * target_step / round``
 (the measured round: forwards plus sampling, acceptance and commit), both against plain decoding

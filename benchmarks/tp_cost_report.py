@@ -1,6 +1,6 @@
 """Markdown tables of benchmarks/tp_cost.py's results: per-step costs and the speedups they give.
 
-With E = (1 - a^(k+1)) / (1 - a) the expected tokens per round at acceptance rate a (docs/evals.md):
+With E = (1 - a^(k+1)) / (1 - a) the expected tokens per round at acceptance rate a (docs/end_to_end.md):
 
     ideal_forwards = E * target_step / (k * draft_step + (draft_first_step - draft_step) + verify_forward)
     ideal          = E * target_step / round

@@ -200,7 +200,7 @@ def summary_lines(s: dict) -> list[str]:
 
 
 def ideal_speedup(alpha: float, k: int, stages: dict) -> float:
-    """E * target_step / (propose + verify_and_commit), E = (1 - alpha^(k+1)) / (1 - alpha): docs/evals.md's
+    """E * target_step / (propose + verify_and_commit), E = (1 - alpha^(k+1)) / (1 - alpha): docs/end_to_end.md's
     ``ideal`` (a round costing exactly its measured pieces; plain decoding one target step per token)."""
     expected = k + 1 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
     return expected * stages["target_step"] / stages["round"]

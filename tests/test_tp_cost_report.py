@@ -1,4 +1,4 @@
-"""benchmarks/tp_cost_report.py: the speedup formula of docs/evals.md applied to measured step costs."""
+"""benchmarks/tp_cost_report.py: the speedup formula of docs/end_to_end.md applied to measured step costs."""
 import os
 import sys
 
