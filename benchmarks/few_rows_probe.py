@@ -12,7 +12,8 @@ launches a layer). This probe times, for ``--rows`` rows and the 8B / 1B matmuls
               (the weight as the wide operand: swap-AB), SiLU·up and the residual add in the epilogue
 
 and prints both, their ratio and the fused launch's error against the unfused one (max abs). Nothing here is used by
-the runner: a ratio well above 1 at the runner's row counts is the case for few-row layers.
+the runner: a ratio well above 1 at the runner's row counts is the case for few-row layers. On an H200 (2026-11-29,
+docs/real_sizes.md) only the output projections' add paid, 1.06-1.29x, so the layers do not run these.
 
     python benchmarks/few_rows_probe.py --rows 2,5,8,16,32 --out $OUT/few_rows.json     # CUDA (Hopper); minutes
 """

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import hf_specdec
+from hf_specdec.round.policy import speculation_length as sl
 from hf_specdec.round.policy.speculation_length import SpeculationLength
 from models import left_padded_prompts, make_draft, make_model
 from test_sampling_exact import chi_square_pvalue, exact_joint_23, joint_23_counts, pair  # noqa: F401 (fixture)
@@ -126,7 +127,7 @@ def test_a_held_decision_stands_for_its_rounds_of_the_same_shape(monkeypatch):
     """On CUDA graphs a decision stands for a few rounds (the policy's host work delays the next round),
     one of k = 0 longer; rows that finish keep it (in a smaller bucket too), a larger bucket or rows that join
     decide afresh,
-    probes still come after the same rounds of 0, and a probe stands one round."""
+    probes still come after the same rounds of 0, and a probe stands its four rounds."""
     policy, decisions = good_draft_with_decisions_recorded(monkeypatch, hold_rounds=4)
     ks = [policy.choose(8, list(range(5)), [100] * 5) for _ in range(7)]
     assert ks == [4] * 7 and len(decisions) == 2
@@ -154,7 +155,8 @@ def test_a_held_decision_stands_for_its_rounds_of_the_same_shape(monkeypatch):
         expect_none.append(useless.expects_no_drafts)
     first_probe = next(i for i, k in enumerate(chosen) if k)
     assert chosen[:first_probe] == [0] * first_probe and 12 <= first_probe <= 20
-    assert chosen[first_probe + 1] == 0  # a probe stands one round
+    probe = sl._PROBE_ROUNDS
+    assert probe > 1 and chosen[first_probe:first_probe + probe + 1] == [chosen[first_probe]] * probe + [0]
     assert all(expect_none)  # a probe does not make the next call run the draft's prefill
     assert len(decisions) <= 6  # decisions of 0 stand 16 rounds (until the next probe at most)
 

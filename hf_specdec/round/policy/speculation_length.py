@@ -51,11 +51,21 @@ slowest set the pace).
   of them is not; they count as the slowest of as many rows spread as the batch's rows are
   (``row_spread.py``). That sets the length, not whether to draft: a k = 0 it alone chose would bring no
   verdicts, and the rows would stay unknown until the next probe.
-* After a run of k = 0 the policy probes k > 0 once (after 16, 32, 64 ... 1024 rounds, a
-  schedule kept across calls) so that a draft which starts to agree again is noticed.
+* A call with no earlier call's acceptance to go on does not stop drafting before it has judged the draft: until
+  it has seen ``_JUDGED_VERDICTS`` verdicts (or ``_JUDGED_ROUNDS`` rounds that drafted: n-gram rows without a match
+  bring none) a k = 0 it would choose from the prior 0.5 alone becomes its best k > 0. Where a round of k_max costs
+  about twice a plain step (a one-token step's fused layers against a verify's; the pair at b = 1 on an H200:
+  1.27 against 0.65 ms) 0.5 is the break-even, and rounds of k = 0 bring no verdicts.
+* After a run of k = 0 the policy probes k > 0 for ``_PROBE_ROUNDS`` rounds (after 16, 32, 64, 128 rounds, a
+  schedule kept across calls) so that a draft which starts to agree again is noticed. Where k_max costs about
+  twice a plain step (the break-even near acceptance 0.5), probes of one round, at most every 1024 rounds, left
+  calls whose estimate had dipped below it at k = 0 with a draft that agreed 0.6-0.75: an H200 e2e run's b = 1
+  benchmark of the pair (1016 rounds, one probe, while its heads drafted at k = 4); replays of synthetic traces at
+  those costs: 0.88 of the best fixed k at worst, 0.99 on average, with these probes 0.975 and 1.017. A useless
+  draft pays for them: 0.978 of plain steps, against 0.999.
 * The host work per round is a few array operations over rows x positions (numpy), not Python
   loops: at batch 32 a round lasts about 2 ms and per-row Python cost a tenth of it (H100). On
-  CUDA graphs a decision stands two rounds (k = 0 sixteen, a probe one); the cost table is
+  CUDA graphs a decision stands two rounds (k = 0 sixteen, a probe four); the cost table is
   rebuilt after every 16 new measurements, the d_j after 8 rounds that drafted.
 
 Buckets fix the shape of a round, so k is one number per round.
@@ -85,7 +95,10 @@ _IDLE_DECAY = 0.9  # per round of k = 0: estimates drift back to the prior (an H
 GRAPH_HOLD_ROUNDS = 2  # rounds a decision stands on CUDA graphs, where a round lasts a millisecond or two
 _ZERO_HOLD = 8  # a decision of k = 0 on graphs stands this many times longer (a useless draft's rounds)
 _FIRST_PROBE = 16
-_MAX_PROBE = 1024  # a probe after long runs of 0 costs a catch-up of the draft model too
+_JUDGED_VERDICTS = 4  # verdicts (accepted or rejected drafts) a call without earlier acceptance sees before k = 0
+_JUDGED_ROUNDS = 8  # ... or rounds of k > 0 it runs (n-gram rows without a match bring no verdicts)
+_PROBE_ROUNDS = 4  # rounds a probe stands: one round's verdicts barely move a row's estimate
+_MAX_PROBE = 128  # a probe after long runs of 0 costs a catch-up of the draft model too
 
 
 class SpeculationLength:
@@ -114,6 +127,7 @@ class SpeculationLength:
         prior = self.memory.get("acceptance")
         self.call_prior = 0.5 if prior is None else prior
         self.seen = [0.0, 0.0]  # this call's accepted drafts and rejections over all rows (not decayed)
+        self.drafting_rounds = 0  # this call's observed rounds of k > 0
         # per call row, decayed: accepted, rejected (short memory), matched, unmatched, accepted, rejected (long),
         # and the long memory's sum over rounds of weight^2 * verdicts (its sampling variance, row_spread)
         self.stats = np.zeros((0, 7))
@@ -174,7 +188,7 @@ class SpeculationLength:
     def _choose(self, bucket: int, rows: list[int], remaining: list[int]) -> int:
         """This round's k; ``self._stands``: the rounds it stands. A decision of 0 on graphs stands longer
         (until the next probe at most): the estimates then change only by drifting to the prior; a probe
-        stands one round."""
+        stands ``_PROBE_ROUNDS``."""
         if not self.adaptive or self.k_max == 0:
             return self.k_max
         for k in (self.k_max, 0):  # both ends measured first
@@ -189,6 +203,8 @@ class SpeculationLength:
             # verdicts, so the rows would stay unknown, and as pessimistic, until the next probe.
             if np.argmax(1.0 / (costs * self.bottleneck_rounds(rows, remaining, spread=False))) > 0:
                 best = 1 + int(np.argmax(rates[1:]))
+        if best == 0 and not self.judged:  # the prior alone does not stop drafting: k = 0 brings no verdicts
+            best = 1 + int(np.argmax(rates[1:]))
         mem = self.memory
         if best > 0:
             mem["zero_streak"], mem["probe_every"] = 0, _FIRST_PROBE
@@ -199,8 +215,15 @@ class SpeculationLength:
             mem["zero_streak"] += self._stands  # counted in rounds
             return 0
         mem["zero_streak"], mem["probe_every"] = 0, min(mem["probe_every"] * 2, _MAX_PROBE)
-        self._stands, self._probing = 1, True
+        self._stands, self._probing = _PROBE_ROUNDS, True
         return 1 + int(np.argmax(rates[1:]))
+
+    @property
+    def judged(self) -> bool:
+        """Whether the draft has been judged: an earlier call's acceptance is known, or this call has seen enough
+        verdicts or rounds that drafted to stop drafting on."""
+        return ("acceptance" in self.memory or sum(self.seen) >= _JUDGED_VERDICTS
+                or self.drafting_rounds >= _JUDGED_ROUNDS)
 
     @property
     def expects_no_drafts(self) -> bool:
@@ -301,6 +324,7 @@ class SpeculationLength:
         if not self.adaptive:
             return
         v = np.asarray(verdicts, dtype=np.int64).reshape(-1, 3)
+        self.drafting_rounds += k > 0
         if seconds is not None and not self.costs.warming_up(bucket, k):
             self.record_cost(bucket, k, seconds, drafted=k == 0 or not len(v) or bool(v[:, 2].any()))
         if not len(v):
