@@ -21,10 +21,8 @@ times, while a pass still captured), then --repeats timed passes over all batche
 tokens/s = generated tokens (up to and including EOS) / wall time, median over passes.
 Rows run in the order the final summary needs them (plain_compiled; fast and k=0; plain_eager;
 hf_assisted); rows not started within --deadline-s are skipped.
-hf_specdec rows and stage costs: e2e_spec.py.  Greedy rows that differ from plain eager greedy:
-the first divergent position and both tokens' logits there, near-tie or not (divergence.py).
-Derived figures (ideal speedup, efficiency, bandwidth, time outside forwards), tables, summary and
-JSON: e2e_report.py.  docs/end_to_end.md.
+hf_specdec rows and stage costs: e2e_spec.py; divergent greedy rows: divergence.py; derived figures,
+tables, summary and JSON: e2e_report.py.  docs/end_to_end.md.
 
 GPU:  python benchmarks/e2e.py --target runs/pair/target --draft runs/pair/draft --out $OUT/e2e.json
 CPU smoke: python benchmarks/e2e.py --build-tiny --batch-sizes 1,2 --max-new-tokens 16 --num-prompts 4 \\

@@ -11,6 +11,10 @@ launches a layer). This probe times, for ``--rows`` rows and the 8B / 1B matmuls
               (BLOCK_M >= 16, rows past M masked) normed in the prologue, ``tl.dot(w, x^T)`` on the tensor cores
               (the weight as the wide operand: swap-AB), SiLU·up and the residual add in the epilogue
 
+    registers ``_rows_in_registers_kernel`` (up to 8 rows): the same fusions with the weight's tiles by TMA but the
+              products on the CUDA cores, every row against each weight tile once (``x[:, None, :] * w``, summed
+              along K): a one-row GEMV's layout with the rows as a third dimension, no padding to 16 rows
+
 and prints both, their ratio and the fused launch's error against the unfused one (max abs). Nothing here is used by
 the runner: a ratio well above 1 at the runner's row counts is the case for few-row layers. On an H200 (2026-11-29,
 docs/real_sizes.md) only the output projections' add paid, 1.06-1.29x, so the layers do not run these.
@@ -38,6 +42,7 @@ except ImportError:  # pragma: no cover
     TensorDescriptor = None
 
 SWEEP = {"block_n": (32, 64, 128), "block_k": (64, 128, 256), "num_stages": (3, 4)}
+SWEEP_REGISTERS = {"block_n": (4, 8, 16), "block_k": (64, 128, 256), "num_stages": (3, 4)}
 
 
 @triton.jit
@@ -80,18 +85,72 @@ def _few_rows_kernel(x_ptr, w_desc, norm_ptr, res_ptr, y_ptr, M, N_OUT, K, eps, 
     tl.store(y_ptr + rm[:, None] * N_OUT + rn[None, :], y.to(dtype), mask=mask)
 
 
+@triton.jit
+def _rows_in_registers_kernel(x_ptr, w_desc, norm_ptr, res_ptr, y_ptr, M, N_OUT, K, eps, NORM: tl.constexpr,
+                              GATED: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr):
+    n0 = tl.program_id(0) * BLOCK_N
+    rm = tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    m_in = rm < M
+    dtype = y_ptr.dtype.element_ty
+    scale = tl.full((BLOCK_M,), 1.0, tl.float32)
+    if NORM:
+        squares = tl.zeros((BLOCK_M, BLOCK_K), tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            x = tl.load(x_ptr + rm[:, None] * K + k0 + rk[None, :], mask=m_in[:, None] & (rk < K - k0)[None, :],
+                        other=0.0).to(tl.float32)
+            squares += x * x
+        scale = 1.0 / tl.sqrt(tl.sum(squares, axis=1) / K + eps)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        x = tl.load(x_ptr + rm[:, None] * K + k0 + rk[None, :], mask=m_in[:, None] & (rk < K - k0)[None, :],
+                    other=0.0)
+        if NORM:
+            nw = tl.load(norm_ptr + k0 + rk, mask=rk < K - k0, other=0.0).to(tl.float32)
+            x = ((x.to(tl.float32) * scale[:, None]).to(dtype).to(tl.float32) * nw[None, :]).to(dtype)
+        x3 = x.to(tl.float32)[:, None, :]
+        acc += tl.sum(x3 * w_desc.load([n0, k0]).to(tl.float32)[None, :, :], axis=2)
+        if GATED:
+            acc_up += tl.sum(x3 * w_desc.load([N_OUT + n0, k0]).to(tl.float32)[None, :, :], axis=2)
+    y = acc.to(dtype).to(tl.float32)
+    if GATED:
+        y = (y / (1.0 + tl.exp(-y))).to(dtype).to(tl.float32) * acc_up.to(dtype).to(tl.float32)
+    rn = n0 + tl.arange(0, BLOCK_N)
+    mask = m_in[:, None] & (rn < N_OUT)[None, :]
+    if RESIDUAL:
+        y = y.to(dtype).to(tl.float32) + tl.load(res_ptr + rm[:, None] * N_OUT + rn[None, :], mask=mask,
+                                                 other=0.0).to(tl.float32)
+    tl.store(y_ptr + rm[:, None] * N_OUT + rn[None, :], y.to(dtype), mask=mask)
+
+
 def few_rows_fused(x, w, norm_weight, eps, gated, residual, cfg):
     """``decode_linear_reference(x, w, None, norm_weight, eps, gated, residual)`` for a few contiguous rows of x."""
     m, k = x.shape
     n_out = w.shape[0] // 2 if gated else w.shape[0]
     y = torch.empty(m, n_out, dtype=x.dtype, device=x.device)
     desc = TensorDescriptor(w, list(w.shape), [w.stride(0), 1], [cfg["block_n"], cfg["block_k"]])
-    block_m = max(16, triton.next_power_of_2(m))
-    _few_rows_kernel[(triton.cdiv(n_out, cfg["block_n"]),)](
+    registers = cfg.get("registers", False)
+    kernel = _rows_in_registers_kernel if registers else _few_rows_kernel
+    block_m = triton.next_power_of_2(m) if registers else max(16, triton.next_power_of_2(m))
+    kernel[(triton.cdiv(n_out, cfg["block_n"]),)](
         x, desc, norm_weight if norm_weight is not None else x, residual if residual is not None else x, y, m, n_out,
         k, float(eps), NORM=norm_weight is not None, GATED=gated, RESIDUAL=residual is not None, BLOCK_M=block_m,
         BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"], NUM_STAGES=cfg["num_stages"], num_warps=4)
     return y
+
+
+def launches(rows: int, kernels: str):
+    """The sweep's launches: ``SWEEP`` for the tensor-core kernel, ``SWEEP_REGISTERS`` (at most 8 rows, at most 128
+    products a thread in flight) for the CUDA-core one."""
+    out = [dict(zip(SWEEP, values)) for values in itertools.product(*SWEEP.values())] if "dot" in kernels else []
+    if "registers" in kernels and rows <= 8:
+        for values in itertools.product(*SWEEP_REGISTERS.values()):
+            cfg = dict(zip(SWEEP_REGISTERS, values), registers=True)
+            if triton.next_power_of_2(rows) * cfg["block_n"] * cfg["block_k"] <= 128 * 128:
+                out.append(cfg)
+    return out
 
 
 def main() -> None:
@@ -99,19 +158,19 @@ def main() -> None:
     parser.add_argument("--shapes", default="8b.qkv,8b.o,8b.gate_up,8b.down,1b.qkv,1b.o,1b.gate_up,1b.down")
     parser.add_argument("--rows", default="2,5,8,16,32")
     parser.add_argument("--calls", type=int, default=40)
+    parser.add_argument("--kernels", default="dot,registers", help="dot (tensor cores) and / or registers (<= 8 rows)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": []}
     print(result["gpu"], result["torch"])
-    launches = [dict(zip(SWEEP, values)) for values in itertools.product(*SWEEP.values())]
     for name in args.shapes.split(","):
         for m in map(int, args.rows.split(",")):
             mm = LayerMatmul(name, m)
             nw, res, gated = mm.norm_weight, mm.residual, mm.gated
             base = mm.time_us(lambda a, w: unfused(a, w, nw, res, gated), args.calls)  # F.linear past 1 row
             want = unfused(mm.x, mm.weights[0], nw, res, gated).float()
-            best = mm.fastest(launches, lambda a, w, cfg: few_rows_fused(a, w, nw, 1e-5, gated, res, cfg), args.calls,
-                              want)
+            run = lambda a, w, cfg: few_rows_fused(a, w, nw, 1e-5, gated, res, cfg)  # noqa: E731
+            best = mm.fastest(launches(m, args.kernels), run, args.calls, want)
             mm.record(result, name, base, best, args.out, rows=m)
             del mm
             torch.cuda.empty_cache()

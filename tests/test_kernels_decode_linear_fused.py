@@ -135,10 +135,14 @@ def test_a_shape_listed_as_none_runs_the_operations_one_by_one(monkeypatch):
     assert ran == [1]
 
 
-@pytest.mark.parametrize("rows,norm,gated,residual", [(5, True, True, False), (17, False, False, True)])
-def test_few_rows_probe_kernel_matches_reference(rows, norm, gated, residual):
-    """``benchmarks/few_rows_probe.py``'s kernel (tensor-core tiles over a few rows; float16: the interpreter's
-    ``tl.dot`` multiplies bfloat16 as raw bits) against the reference."""
+@pytest.mark.parametrize("rows,norm,gated,residual,registers", [(5, True, True, False, False),
+                                                                (17, False, False, True, False),
+                                                                (5, True, True, False, True),
+                                                                (3, False, False, True, True)])
+def test_few_rows_probe_kernel_matches_reference(rows, norm, gated, residual, registers):
+    """``benchmarks/few_rows_probe.py``'s kernels (tensor-core tiles over a few rows, or the rows against each tile
+    on the CUDA cores; float16: the interpreter's ``tl.dot`` multiplies bfloat16 as raw bits) against the
+    reference."""
     from benchmarks.few_rows_probe import few_rows_fused
 
     gen = torch.Generator().manual_seed(rows)
@@ -146,7 +150,9 @@ def test_few_rows_probe_kernel_matches_reference(rows, norm, gated, residual):
     w = (torch.randn(96, 192, generator=gen) / 192 ** 0.5).to(torch.float16)
     nw = (1 + 0.3 * torch.randn(192, generator=gen)).to(torch.float16) if norm else None
     r = torch.randn(rows, 48 if gated else 96, generator=gen).to(torch.float16) if residual else None
-    got = few_rows_fused(x, w, nw, 1e-5, gated, r, dict(block_n=32, block_k=64, num_stages=3))
+    cfg = dict(block_n=8, block_k=64, num_stages=3, registers=True) if registers else \
+        dict(block_n=32, block_k=64, num_stages=3)
+    got = few_rows_fused(x, w, nw, 1e-5, gated, r, cfg)
     as32 = (lambda t: None if t is None else t.float())  # noqa: E731
     want = decode_linear_reference(x.float(), w.float(), None, as32(nw), 1e-5, gated, as32(r))
     torch.testing.assert_close(got.float(), want, rtol=5 * 2 ** -10, atol=5 * 2 ** -10)
