@@ -7,8 +7,12 @@ nothing (zero warm-up; with a fixed k: adaptive rounds may reach a bucket the fi
 so must the graph paths' call again after all the other configurations ran (the runner keeps each's graphs).
 Also the adaptive-k and n-gram fast paths, a sampled run per path (reported only), and on the
 graph paths a seeded sampled call that captures against two later calls that replay, and three calls that
-each bring a new generator with the same seed (all must agree). One line per case;
-exit status 1 if an fp32 case differs, a repeated call warms up again or a rate exceeds 1. ``--cache-rows N``
+each bring a new generator with the same seed (all must agree). A copy of the target as the draft (``twin``) must
+accept at least 0.95 of its drafts in fp32 and 0.8 in bf16 at k = 4 on every path that drafts: output equal to plain
+generate says nothing of a draft whose forwards went wrong (its rounds are rejected, or the adaptive policy stops
+drafting). One line per case;
+exit status 1 if an fp32 case differs, a repeated call warms up again, a rate exceeds 1 or the twin's is low.
+``--cache-rows N``
 gives the caches a budget of N rows at a time, so rows start in waves as others finish.
 
     python benchmarks/gpu_smoke.py [--paths no_graphs,graphs,compile] [--batches 1,3,32] [--cache-rows 8]
@@ -41,11 +45,14 @@ def build(dtype):
     target = LlamaForCausalLM(cfg).to("cuda", dtype).eval()
     with torch.no_grad():
         target.lm_head.weight.mul_(8)
-    draft = copy.deepcopy(target)
+    draft, twin = copy.deepcopy(target), copy.deepcopy(target)
     with torch.no_grad():
         for p in draft.parameters():
             p.add_(torch.randn_like(p) * 0.3 * p.float().std().to(p.dtype))
-    return hf_specdec.enable(target), draft
+    return hf_specdec.enable(target), draft, twin
+
+
+TWIN_ACCEPTANCE = {torch.float32: 0.95, torch.bfloat16: 0.8}  # a copy of the target as its draft, at least
 
 
 def prompts(batch):
@@ -83,7 +90,7 @@ def main():
     assert torch.cuda.is_available()
     failures = []  # what failed, printed at the end
     for dtype in [getattr(torch, d) for d in args.dtypes.split(",")]:
-        target, draft = build(dtype)
+        target, draft, twin = build(dtype)
         for batch in [int(b) for b in args.batches.split(",")]:
             ids, mask = prompts(batch)
             plain = target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=64,
@@ -112,11 +119,17 @@ def main():
                                           top_k=0)
                 seeded = (seeded_runs_agree(target, assist, ids, mask, name, budget)
                           if name in ("graphs", "compile") else None)
+                fixed = hf_specdec.SpecConfig(num_speculative_tokens=4, cache_tokens=budget,
+                                              **{**PATHS[name], "adaptive": False})  # a twin's rounds cost 5 steps
+                twin_acc = None if assist is None else target.generate(
+                    **kw, assistant_model=twin, return_dict_in_generate=True, spec_config=fixed).spec_metrics
+                twin_acc = None if twin_acc is None else twin_acc.acceptance_rate
                 print(f"{str(dtype):15s} b={batch:3d} {name:8s} [{m.fast_path}] identical {same:.3f} "
                       f"acc {m.acceptance_rate:.2f} rounds {m.num_rounds} first {times[0]:.2f}s (warm-up {warm[0]:.2f}s) "
                       f"second {times[1]:.3f}s (warm-up {warm[1]:.2f}s) sampled-acc "
                       f"{sampled.spec_metrics.acceptance_rate:.2f} [{sampled.spec_metrics.fast_path}] "
-                      f"k {m.k_histogram}" + ("" if seeded is None else f" seeded-repeat {seeded}"), flush=True)
+                      f"k {m.k_histogram}" + ("" if seeded is None else f" seeded-repeat {seeded}")
+                      + ("" if twin_acc is None else f" twin-acc {twin_acc:.2f}"), flush=True)
                 case = f"{str(dtype)} b={batch} {name}"
                 if dtype == torch.float32 and same < 1.0:
                     failures.append(f"{case}: fp32 output differs from plain generate ({same:.3f} identical)")
@@ -124,6 +137,8 @@ def main():
                     failures.append(f"{case}: seeded sampled calls disagree")
                 if any(r.spec_metrics.acceptance_rate > 1 or r.spec_metrics.match_fraction > 1 for r in (out, sampled)):
                     failures.append(f"{case}: a rate above 1 (the call's statistics lost part of its rounds)")
+                if twin_acc is not None and twin_acc < TWIN_ACCEPTANCE.get(dtype, 0.8):
+                    failures.append(f"{case}: a copy of the target as the draft accepted {twin_acc:.2f}")
                 if name in ("graphs", "compile") and warm[1] > 0:
                     failures.append(f"{case}: the second call warmed up for {warm[1]:.2e} s")
             for name in {"graphs", "compile"} & set(args.paths.split(",")):  # back after other configurations
