@@ -3,6 +3,7 @@ acceptance (exploring both ends, warm-up and stalled rounds, cost tables per exe
 row spread, probes of a useless draft) and its model of how many tokens a round of k yields."""
 import numpy as np
 
+from hf_specdec.round.policy import speculation_length as sl
 from hf_specdec.round.policy.speculation_length import SpeculationLength
 
 
@@ -235,20 +236,24 @@ def test_run_positions_not_reached_lean_on_the_one_before():
     assert d[1] < -1 and abs(d[2]) < 0.05
 
 
-
 H200_PAIR_B1 = {0: 0.651e-3, 1: 1.121e-3, 2: 1.171e-3, 3: 1.21e-3, 4: 1.269e-3}  # one-token layers: k_max ~ 2 steps
 
 
 def _call(acceptance: float, costs: dict, memory=None, rounds: int = 300, seed: int = 0) -> SpeculationLength:
     """One adaptive call on graphs at b = 1 whose round costs are ``costs``, a draft accepting each token with
-    probability ``acceptance``."""
+    probability ``acceptance``, in the loop's order: a round is observed after the next one was chosen, and the
+    decision after that is prepared meanwhile."""
     rng = np.random.default_rng(seed)
-    policy = SpeculationLength(4, True, "draft", memory if memory is not None else {}, hold_rounds=2)
+    policy = SpeculationLength(4, True, "draft", dict(memory or {}), hold_rounds=2)
     measured(policy, 1, costs)
+    last = None
     for _ in range(rounds):
         k = policy.choose(1, [0], [1000])
+        if last is not None:
+            policy.observe(1, *last)
         accepted = int(np.argmin(np.append(rng.random(k) < acceptance, False)))  # the leading agreements
-        policy.observe(1, k, None, [(0, accepted, k)] if k else [(0, 0, 0)])
+        last = (k, None, [(0, accepted, k)] if k else [(0, 0, 0)])
+        policy.prepare(1, [0], [1000])
     policy.end_call()
     return policy
 
@@ -260,18 +265,40 @@ def test_a_first_call_judges_the_draft_before_it_stops_drafting():
     measured(policy, 1, {k: c * (1.05 if k else 1.0) for k, c in H200_PAIR_B1.items()})
     assert np.argmax(1 / (policy.cost_table(1) * policy.bottleneck_rounds([0], [1000]))) == 0  # the prior's choice
     ks = []
-    for _ in range(4):  # a useless draft: a rejection a round
+    for _ in range(sl._JUDGED_VERDICTS):  # a useless draft: a rejection a round
         ks.append(policy.choose(1, [0], [1000]))
         policy.observe(1, ks[-1], None, [(0, 0, ks[-1])])
     assert all(ks) and policy.judged and policy.choose(1, [0], [1000]) == 0
+    assert policy.choose(1, [0], [1]) == 0  # nor before, where no row has a second token left
     assert SpeculationLength(4, True, "draft", {"acceptance": 0.5}, hold_rounds=2).judged  # an earlier call's
+    ngram = SpeculationLength(4, True, "ngram", {}, hold_rounds=2)
+    for _ in range(sl._JUDGED_ROUNDS):  # rounds of k > 0 in which no row found a match: no verdicts
+        assert not ngram.judged
+        ngram.observe(1, 4, None, [(0, 0, 0)])
+    assert ngram.judged
 
 
 def test_probes_lift_an_estimate_that_dipped_below_the_break_even():
     """An earlier call left the acceptance at 0.35 (a hard stretch), below the break-even of the pair's b = 1 costs
     on an H200 (about 0.5), and the draft agrees 0.75 again: probes of four rounds bring enough verdicts to resume
-    drafting (probes of one round, at most every 1024, left an H200 b = 1 benchmark at k = 0 for 1016 rounds)."""
-    good = _call(0.75, H200_PAIR_B1, {"acceptance": 0.35})
-    assert good.histogram[0] < 100, good.histogram
-    useless = _call(0.02, H200_PAIR_B1, {"acceptance": 0.35})
-    assert useless.histogram[0] > 250, useless.histogram
+    drafting (probes of one round, at most every 1024, left an H200 b = 1 benchmark at k = 0 for 1015 of its 1016
+    rounds). Medians over seeds (one call's luck decides when it resumes)."""
+    zeros = lambda a: np.median([_call(a, H200_PAIR_B1, {"acceptance": 0.35}, seed=s).histogram[0]  # noqa: E731
+                                 for s in range(9)])
+    assert zeros(0.75) < 64
+    assert zeros(0.02) > 250  # a useless draft still runs plain steps
+
+
+def test_a_probe_cut_short_by_rows_joining_is_made_again():
+    """Rows that join drop the decision that stands: a probe dropped so must not count as made (the schedule has
+    moved on), or rows joining at every sync would leave a call without probes."""
+    policy = SpeculationLength(4, True, "draft", {"acceptance": 0.02}, hold_rounds=2)
+    measured(policy, 1, H200_PAIR_B1)
+    ks = []
+    for _ in range(200):
+        ks.append(policy.choose(1, [0], [1000]))
+        policy.observe(1, ks[-1], None, [(0, 0, ks[-1])] if ks[-1] else [(0, 0, 0)])
+        policy.prepare(1, [0], [1000])
+        if ks[-1] or policy._pending and policy._pending[1]:
+            policy.rows_joined()  # at every probe round, and whenever a probe is prepared
+    assert sum(k > 0 for k in ks) >= 4

@@ -143,7 +143,7 @@ def test_a_held_decision_stands_for_its_rounds_of_the_same_shape(monkeypatch):
     assert decisions[-1] == 4 and len(decisions) == 5
     policy.choose(8, list(range(3)), [100] * 3)  # a larger bucket (rows joined): decided again
     assert decisions[-1] == 8 and len(decisions) == 6
-    useless = SpeculationLength(4, True, "draft", hold_rounds=4)
+    useless = SpeculationLength(4, True, "draft", hold_rounds=2)  # not _PROBE_ROUNDS: a probe stands its own
     measured(useless, 1, {0: 1.0, 4: 2.2})
     for _ in range(6):
         useless.observe(1, 4, None, [(0, 0, 4)])

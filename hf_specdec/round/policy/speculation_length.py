@@ -45,27 +45,27 @@ slowest set the pace).
   fixed k there.
 * ``c(B, k)``: the wall time of rounds of that bucket and k on this machine (``round_costs.py``: the
   median of recent clean measurements, others on a line). The runner times rounds of k = 0 and k_max
-  when it first uses a bucket (other k are captured and measured when first chosen); without graphs it learns them from its rounds: until ``k_max`` and ``0`` are both
-  measured for a bucket, the policy tries them.
+  when it first uses a bucket (other k are captured and measured when first chosen); without graphs it learns
+  them from its rounds: until ``k_max`` and ``0`` are both measured for a bucket, the policy tries them.
 * The slowest row at a call's start: rows that have not drafted yet are all at the prior, but the slowest
   of them is not; they count as the slowest of as many rows spread as the batch's rows are
   (``row_spread.py``). That sets the length, not whether to draft: a k = 0 it alone chose would bring no
   verdicts, and the rows would stay unknown until the next probe.
 * A call with no earlier call's acceptance to go on does not stop drafting before it has judged the draft: until
-  it has seen ``_JUDGED_VERDICTS`` verdicts (or ``_JUDGED_ROUNDS`` rounds that drafted: n-gram rows without a match
-  bring none) a k = 0 it would choose from the prior 0.5 alone becomes its best k > 0. Where a round of k_max costs
-  about twice a plain step (a one-token step's fused layers against a verify's; the pair at b = 1 on an H200:
-  1.27 against 0.65 ms) 0.5 is the break-even, and rounds of k = 0 bring no verdicts.
+  it has seen ``_JUDGED_VERDICTS`` verdicts (or run ``_JUDGED_ROUNDS`` rounds of k > 0: n-gram rows without a match
+  bring none) any k = 0 it would choose becomes its best k > 0 (unless no row has a second token left). Where a
+  round of k_max costs about twice a plain step (a one-token step's fused layers against a verify's; the pair at
+  b = 1 on an H200: 1.27 against 0.65 ms) 0.5 is the break-even, and rounds of k = 0 bring no verdicts.
 * After a run of k = 0 the policy probes k > 0 for ``_PROBE_ROUNDS`` rounds (after 16, 32, 64, 128 rounds, a
-  schedule kept across calls) so that a draft which starts to agree again is noticed. Where k_max costs about
-  twice a plain step (the break-even near acceptance 0.5), probes of one round, at most every 1024 rounds, left
-  calls whose estimate had dipped below it at k = 0 with a draft that agreed 0.6-0.75: an H200 e2e run's b = 1
-  benchmark of the pair (1016 rounds, one probe, while its heads drafted at k = 4); replays of synthetic traces at
-  those costs: 0.88 of the best fixed k at worst, 0.99 on average, with these probes 0.975 and 1.017. A useless
-  draft pays for them: 0.978 of plain steps, against 0.999.
+  schedule kept across calls) so that a draft which starts to agree again is noticed; a probe that rows joining cut
+  short is made again at the next decision of k = 0. Where k_max costs about twice a plain step (the break-even
+  near acceptance 0.5), probes of one round, at most every 1024, left calls whose estimate had dipped below it at
+  k = 0 with a draft that agreed 0.6-0.75 (an H200 e2e run's b = 1 benchmark of the pair: 1015 of 1016 rounds).
+  Replays of synthetic traces at those costs, worst / mean of the best fixed k: 0.88 / 0.99 then, 0.975 / 1.017
+  now; a useless draft 0.999 / 0.978 of plain steps, its catch-ups after each run of k = 0 not counted.
 * The host work per round is a few array operations over rows x positions (numpy), not Python
   loops: at batch 32 a round lasts about 2 ms and per-row Python cost a tenth of it (H100). On
-  CUDA graphs a decision stands two rounds (k = 0 sixteen, a probe four); the cost table is
+  CUDA graphs a decision stands two rounds (k = 0 sixteen; a probe four on either path); the cost table is
   rebuilt after every 16 new measurements, the d_j after 8 rounds that drafted.
 
 Buckets fix the shape of a round, so k is one number per round.
@@ -149,11 +149,13 @@ class SpeculationLength:
             self._held[2] -= 1
             k = self._held[1]
         else:
+            self._drop_probe(self._held)  # one that stood for rounds left, in a shape it does not fit
             if pending is not None and _fits(pending[0], shape):
                 k, self._stands, self._probing = pending[1:]
             else:
+                self._drop_probe(pending)
                 k = self._decide(bucket, rows, remaining)
-            self._held = [shape, k, self._stands - 1]
+            self._held = [shape, k, self._stands - 1, self._probing]
             self.decisions_taken += 1
             if self.adaptive and not self._probing:  # a fixed k leaves the memory to the adaptive calls
                 self.memory["last_k"] = k
@@ -173,7 +175,15 @@ class SpeculationLength:
     def rows_joined(self) -> None:
         """Rows started since the last decision (waves under a cache budget; rows may have left at the same
         sync, so the count alone does not show it): the next round decides afresh."""
+        self._drop_probe(self._held)
+        self._drop_probe(self._pending)
         self._held = self._pending = None
+
+    def _drop_probe(self, decision) -> None:
+        """A probe (held with rounds left, or prepared) that will not run them: the next decision of k = 0 probes
+        again instead of waiting out the schedule its start had moved on."""
+        if decision is not None and decision[3] and decision[2] > 0:  # (shape, k, rounds left or to stand, probe)
+            self.memory["zero_streak"] = self.memory["probe_every"]
 
     def _holds(self, shape: tuple) -> bool:
         """A decision that fits this (bucket, live rows) still stands a round."""
@@ -203,7 +213,7 @@ class SpeculationLength:
             # verdicts, so the rows would stay unknown, and as pessimistic, until the next probe.
             if np.argmax(1.0 / (costs * self.bottleneck_rounds(rows, remaining, spread=False))) > 0:
                 best = 1 + int(np.argmax(rates[1:]))
-        if best == 0 and not self.judged:  # the prior alone does not stop drafting: k = 0 brings no verdicts
+        if best == 0 and not self.judged and max(remaining, default=0) > 1:  # k = 0 brings no verdicts
             best = 1 + int(np.argmax(rates[1:]))
         mem = self.memory
         if best > 0:
