@@ -20,11 +20,11 @@ Off by default: ``HF_SPECDEC_PDL=1`` turns it on, on compute capability 9.0 and 
 launch (under CUDA graphs: at capture), not compiled into Inductor's code, which calls our kernels as opaque ops.
 Timed with both ours and Inductor's on (docs/changes.md, "Output layers"): at b = 1 an 8B-shaped target step
 went from 4.80 to 4.66 ms and a 1B-shaped draft step from 1.24 to 1.16 ms (H200), but at b = 32 an H100 was
-slower (7.60 -> 8.00 ms). Ours alone (H200, one machine, Inductor's autotuning off): b = 1 target 4.76 -> 4.69 ms, draft 1.29 -> 1.28
-ms; b = 32 target 5.71 -> 6.12 ms (the combine's blocks start early and wait beside the attention); tokens
-bit-identical. Again with the fused attention, whose b = 32 launch has no combine (2026-11-29): b = 1 target 4.55
--> 4.52 ms, round k = 4 9.60 -> 9.36; b = 32 target 5.74 -> 5.78, round 13.36 -> 13.27; tokens bit-identical. The
-b = 32 loss is gone, the rest within a run's spread. So it stays off.
+slower (7.60 -> 8.00 ms). Ours alone (H200, one machine, Inductor's autotuning off): b = 1 target 4.76 -> 4.69 ms,
+draft 1.29 -> 1.28 ms; b = 32 target 5.71 -> 6.12 ms (the combine's blocks start early and wait beside the
+attention); tokens bit-identical. Again with the fused attention, whose b = 32 launch has no combine (2026-11-29):
+b = 1 target 4.55 -> 4.52 ms, round k = 4 9.60 -> 9.36; b = 32 target 5.74 -> 5.78, round 13.36 -> 13.27; tokens
+bit-identical. The b = 32 loss is gone, the rest within a run's spread. So it stays off.
 """
 from __future__ import annotations
 
