@@ -11,7 +11,7 @@ launches a layer). This probe times, for ``--rows`` rows and the 8B / 1B matmuls
               (BLOCK_M >= 16, rows past M masked) normed in the prologue, ``tl.dot(w, x^T)`` on the tensor cores
               (the weight as the wide operand: swap-AB), SiLU·up and the residual add in the epilogue
 
-    registers ``_rows_in_registers_kernel`` (up to 8 rows): the same fusions with the weight's tiles by TMA but the
+    registers ``_few_rows_kernel(REGISTERS=True)`` (up to 8 rows): the same fusions with the weight's tiles by TMA but the
               products on the CUDA cores, every row against each weight tile once (``x[:, None, :] * w``, summed
               along K): a one-row GEMV's layout with the rows as a third dimension, no padding to 16 rows
 
@@ -48,7 +48,9 @@ SWEEP_REGISTERS = {"block_n": (4, 8, 16), "block_k": (64, 128, 256), "num_stages
 @triton.jit
 def _few_rows_kernel(x_ptr, w_desc, norm_ptr, res_ptr, y_ptr, M, N_OUT, K, eps, NORM: tl.constexpr,
                      GATED: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr):
+                     BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, REGISTERS: tl.constexpr):
+    """``tl.dot(w, x^T)`` on the tensor cores, or with REGISTERS every row against the weight tile on the CUDA
+    cores (``x[:, None, :] * w`` summed along K)."""
     n0 = tl.program_id(0) * BLOCK_N
     rm = tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
@@ -62,58 +64,31 @@ def _few_rows_kernel(x_ptr, w_desc, norm_ptr, res_ptr, y_ptr, M, N_OUT, K, eps, 
                         other=0.0).to(tl.float32)
             squares += x * x
         scale = 1.0 / tl.sqrt(tl.sum(squares, axis=1) / K + eps)
-    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-    acc_up = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    if REGISTERS:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        acc_up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+        acc_up = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         x = tl.load(x_ptr + rm[:, None] * K + k0 + rk[None, :], mask=m_in[:, None] & (rk < K - k0)[None, :],
                     other=0.0)
         if NORM:
             nw = tl.load(norm_ptr + k0 + rk, mask=rk < K - k0, other=0.0).to(tl.float32)
             x = ((x.to(tl.float32) * scale[:, None]).to(dtype).to(tl.float32) * nw[None, :]).to(dtype)
-        xt = tl.trans(x)
-        acc = tl.dot(w_desc.load([n0, k0]), xt, acc)
-        if GATED:
-            acc_up = tl.dot(w_desc.load([N_OUT + n0, k0]), xt, acc_up)
-    y = tl.trans(acc).to(dtype).to(tl.float32)  # (BLOCK_M, BLOCK_N)
-    if GATED:
-        y = (y / (1.0 + tl.exp(-y))).to(dtype).to(tl.float32) * tl.trans(acc_up).to(dtype).to(tl.float32)
-    rn = n0 + tl.arange(0, BLOCK_N)
-    mask = m_in[:, None] & (rn < N_OUT)[None, :]
-    if RESIDUAL:
-        y = y.to(dtype).to(tl.float32) + tl.load(res_ptr + rm[:, None] * N_OUT + rn[None, :], mask=mask,
-                                                 other=0.0).to(tl.float32)
-    tl.store(y_ptr + rm[:, None] * N_OUT + rn[None, :], y.to(dtype), mask=mask)
-
-
-@triton.jit
-def _rows_in_registers_kernel(x_ptr, w_desc, norm_ptr, res_ptr, y_ptr, M, N_OUT, K, eps, NORM: tl.constexpr,
-                              GATED: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr,
-                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr):
-    n0 = tl.program_id(0) * BLOCK_N
-    rm = tl.arange(0, BLOCK_M)
-    rk = tl.arange(0, BLOCK_K)
-    m_in = rm < M
-    dtype = y_ptr.dtype.element_ty
-    scale = tl.full((BLOCK_M,), 1.0, tl.float32)
-    if NORM:
-        squares = tl.zeros((BLOCK_M, BLOCK_K), tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            x = tl.load(x_ptr + rm[:, None] * K + k0 + rk[None, :], mask=m_in[:, None] & (rk < K - k0)[None, :],
-                        other=0.0).to(tl.float32)
-            squares += x * x
-        scale = 1.0 / tl.sqrt(tl.sum(squares, axis=1) / K + eps)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-        x = tl.load(x_ptr + rm[:, None] * K + k0 + rk[None, :], mask=m_in[:, None] & (rk < K - k0)[None, :],
-                    other=0.0)
-        if NORM:
-            nw = tl.load(norm_ptr + k0 + rk, mask=rk < K - k0, other=0.0).to(tl.float32)
-            x = ((x.to(tl.float32) * scale[:, None]).to(dtype).to(tl.float32) * nw[None, :]).to(dtype)
-        x3 = x.to(tl.float32)[:, None, :]
-        acc += tl.sum(x3 * w_desc.load([n0, k0]).to(tl.float32)[None, :, :], axis=2)
-        if GATED:
-            acc_up += tl.sum(x3 * w_desc.load([N_OUT + n0, k0]).to(tl.float32)[None, :, :], axis=2)
+        if REGISTERS:
+            x3 = x.to(tl.float32)[:, None, :]
+            acc += tl.sum(x3 * w_desc.load([n0, k0]).to(tl.float32)[None, :, :], axis=2)
+            if GATED:
+                acc_up += tl.sum(x3 * w_desc.load([N_OUT + n0, k0]).to(tl.float32)[None, :, :], axis=2)
+        else:
+            xt = tl.trans(x)
+            acc = tl.dot(w_desc.load([n0, k0]), xt, acc)
+            if GATED:
+                acc_up = tl.dot(w_desc.load([N_OUT + n0, k0]), xt, acc_up)
+    if not REGISTERS:  # (BLOCK_M, BLOCK_N)
+        acc = tl.trans(acc)
+        acc_up = tl.trans(acc_up)
     y = acc.to(dtype).to(tl.float32)
     if GATED:
         y = (y / (1.0 + tl.exp(-y))).to(dtype).to(tl.float32) * acc_up.to(dtype).to(tl.float32)
@@ -132,12 +107,12 @@ def few_rows_fused(x, w, norm_weight, eps, gated, residual, cfg):
     y = torch.empty(m, n_out, dtype=x.dtype, device=x.device)
     desc = TensorDescriptor(w, list(w.shape), [w.stride(0), 1], [cfg["block_n"], cfg["block_k"]])
     registers = cfg.get("registers", False)
-    kernel = _rows_in_registers_kernel if registers else _few_rows_kernel
     block_m = triton.next_power_of_2(m) if registers else max(16, triton.next_power_of_2(m))
-    kernel[(triton.cdiv(n_out, cfg["block_n"]),)](
+    _few_rows_kernel[(triton.cdiv(n_out, cfg["block_n"]),)](
         x, desc, norm_weight if norm_weight is not None else x, residual if residual is not None else x, y, m, n_out,
         k, float(eps), NORM=norm_weight is not None, GATED=gated, RESIDUAL=residual is not None, BLOCK_M=block_m,
-        BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"], NUM_STAGES=cfg["num_stages"], num_warps=4)
+        BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"], NUM_STAGES=cfg["num_stages"], REGISTERS=registers,
+        num_warps=4)
     return y
 
 
