@@ -119,11 +119,12 @@ def main():
                                           top_k=0)
                 seeded = (seeded_runs_agree(target, assist, ids, mask, name, budget)
                           if name in ("graphs", "compile") else None)
-                fixed = hf_specdec.SpecConfig(num_speculative_tokens=4, cache_tokens=budget,
-                                              **{**PATHS[name], "adaptive": False})  # a twin's rounds cost 5 steps
-                twin_acc = None if assist is None else target.generate(
-                    **kw, assistant_model=twin, return_dict_in_generate=True, spec_config=fixed).spec_metrics
-                twin_acc = None if twin_acc is None else twin_acc.acceptance_rate
+                twin_acc = None
+                if assist is not None:  # a fixed k: a twin's round costs five steps, adaptive k rightly stays at 0
+                    fixed = hf_specdec.SpecConfig(num_speculative_tokens=4, cache_tokens=budget,
+                                                  **{**PATHS[name], "adaptive": False})
+                    twin_acc = target.generate(**kw, assistant_model=twin, return_dict_in_generate=True,
+                                               spec_config=fixed).spec_metrics.acceptance_rate
                 print(f"{str(dtype):15s} b={batch:3d} {name:8s} [{m.fast_path}] identical {same:.3f} "
                       f"acc {m.acceptance_rate:.2f} rounds {m.num_rounds} first {times[0]:.2f}s (warm-up {warm[0]:.2f}s) "
                       f"second {times[1]:.3f}s (warm-up {warm[1]:.2f}s) sampled-acc "

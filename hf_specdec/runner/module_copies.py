@@ -39,9 +39,12 @@ def with_children(module: nn.Module, replaced: dict) -> nn.Module:
 
 def plain(module: nn.Module) -> bool:
     """No hooks and ordinary tensors for weights (not DTensor or quantised), so another forward computes the same."""
-    if module._forward_hooks or module._forward_pre_hooks or hasattr(module, "_hf_hook"):
-        return False
-    return all(type(p.data) is torch.Tensor for p in module.parameters())
+    return not hooked(module) and all(type(p.data) is torch.Tensor for p in module.parameters())
+
+
+def hooked(module: nn.Module) -> bool:
+    """Forward hooks of torch or accelerate on ``module``: its own forward must run for them."""
+    return bool(module._forward_hooks or module._forward_pre_hooks or hasattr(module, "_hf_hook"))
 
 
 def subclass(base: type, name: str, attributes: dict, made: dict) -> type:

@@ -31,7 +31,7 @@ from ..cache import PAGED_BATCH_KWARG
 from ..kernels import decode_fusions_run, decode_linear
 from .eager_fusions import fused_class
 from .fused_projections import GROUPS, DecodeLinear, fused_group
-from .module_copies import plain, subclass
+from .module_copies import hooked, plain, subclass
 from .rotary_attention import rotary_class
 
 _LAYERS: Optional[tuple] = None
@@ -80,11 +80,6 @@ def _fit(layer: nn.Module) -> bool:
             and decode_fusions_run(attn.o_proj.weight))
 
 
-def _hooked(modules) -> bool:
-    """A hook registered on one of ``modules`` after the copy was made: their own forwards must run."""
-    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
-
-
 def _forward(self, hidden_states, *args, **kwargs):
     if not self.fuses_one_token or hidden_states.shape[0] != 1 or hidden_states.shape[1] != 1:
         return super(type(self), self).forward(hidden_states, *args, **kwargs)
@@ -94,7 +89,7 @@ def _forward(self, hidden_states, *args, **kwargs):
     qkv, gate_up = fused_group(attn, GROUPS[0]), fused_group(mlp, GROUPS[1])
     if (qkv is None or gate_up is None or not hasattr(attn, "paged_attend")
             or not attn.paged_applies(batch, position_embeddings)
-            or _hooked((attn, mlp, norm1, norm2, attn.o_proj, mlp.down_proj))
+            or any(map(hooked, (attn, mlp, norm1, norm2, attn.o_proj, mlp.down_proj)))  # hooks added later
             or torch.is_grad_enabled() or torch.is_autocast_enabled(hidden_states.device.type)):  # no autograd
         return super(type(self), self).forward(hidden_states, *args, **kwargs)
     q, k, v = decode_linear(hidden_states, qkv[0], qkv[1], norm_weight=norm1.weight,

@@ -208,12 +208,11 @@ class SpeculationLength:
         costs = self.cost_table(bucket)
         rates = 1.0 / (costs * self.bottleneck_rounds(rows, remaining))
         best = int(np.argmax(rates))
-        if best == 0 and not _SPREAD_STOPS_DRAFTING:
-            # The spread below the prior may shorten rounds but not stop drafting: rounds of k = 0 bring no
-            # verdicts, so the rows would stay unknown, and as pessimistic, until the next probe.
-            if np.argmax(1.0 / (costs * self.bottleneck_rounds(rows, remaining, spread=False))) > 0:
-                best = 1 + int(np.argmax(rates[1:]))
-        if best == 0 and not self.judged and max(remaining, default=0) > 1:  # k = 0 brings no verdicts
+        # Rounds of k = 0 bring no verdicts: neither a draft not judged yet nor the spread below the prior (which
+        # may shorten rounds) stops drafting, or the rows would stay unknown, and as pessimistic, until the next probe.
+        if best == 0 and ((not self.judged and max(remaining, default=0) > 1) or (
+                not _SPREAD_STOPS_DRAFTING
+                and np.argmax(1.0 / (costs * self.bottleneck_rounds(rows, remaining, spread=False))) > 0)):
             best = 1 + int(np.argmax(rates[1:]))
         mem = self.memory
         if best > 0:
