@@ -15,9 +15,9 @@ One run, the same prompts and the same max_new_tokens for every method:
 
 for greedy and sampling (temperature 1, top_k 0, top_p 1).  For each batch size b the prompts
 are the first n_b of the pool (n_b = max(b, --min-prompts) rounded up to a multiple of b), all
-left-padded to ONE length.  Each row: warm-up calls (not timed; rows on the runner also warm
-up every smaller bucket their rows shrink into, then pass over every batch again, up to --warm-passes
-times, while a pass still captured), then --repeats timed passes over all batches;
+left-padded to ONE length.  Each row: warm-up calls (not timed; plain_compiled a pass over every batch, where a
+later batch can still recompile; rows on the runner also warm up every smaller bucket their rows shrink into, then
+pass over every batch again, up to --warm-passes times, while a pass still captured), then --repeats timed passes;
 tokens/s = generated tokens (up to and including EOS) / wall time, median over passes.
 Rows run in the order the final summary needs them (plain_compiled; fast and k=0; plain_eager;
 hf_assisted); rows not started within --deadline-s are skipped.
@@ -279,7 +279,7 @@ def run_plain(bench, compiled):
             cc._compile_all_devices = True
         kw.update(cache_implementation="static", compile_config=cc)
         entry = bench.run("plain_compiled", "static_cache+compile", b, mode,
-                          lambda x, kw=kw: bench.generate(x, kw), batches)
+                          lambda x, kw=kw: bench.generate(x, kw), batches, warmup_batches=batches)
         entry["compiled"] = hasattr(bench.target, "_compiled_call")
         if not entry["compiled"]:
             entry["note"] = ("transformers did not compile the forward (it auto-compiles only on "
