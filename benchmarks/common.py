@@ -212,6 +212,11 @@ def aggregate_metrics(dicts: list[dict]) -> dict:
         agg["accepted_per_position_counts"] = counts
     if "accepted_per_position_counts" in agg and agg.get("num_drafts"):
         agg["acceptance_per_position"] = [c / agg["num_drafts"] for c in agg["accepted_per_position_counts"]]
+        if all(d.get("draft_lengths") is not None for d in dicts):  # drafts that proposed a j-th token
+            lengths = [(int(n), c) for d in dicts for n, c in d["draft_lengths"].items()]  # JSON keys are strings
+            drafted = [sum(c for n, c in lengths if n > j) for j in range(len(agg["accepted_per_position_counts"]))]
+            agg["acceptance_per_drafted_position"] = [c / n if n else 0.0 for c, n in
+                                                      zip(agg["accepted_per_position_counts"], drafted)]
     if agg.get("num_draft_tokens"):
         agg["acceptance_rate"] = agg["num_accepted_tokens"] / agg["num_draft_tokens"]
     if agg.get("num_drafts"):

@@ -34,7 +34,8 @@ def method_summary(method: str, rows: list[dict], calls: list[dict], k: int) -> 
     if metrics:
         agg = aggregate_metrics(metrics)
         s.update({key: agg.get(key) for key in ("acceptance_rate", "mean_acceptance_length",
-                                                "acceptance_per_position", "k_histogram")})
+                                                "acceptance_per_position", "acceptance_per_drafted_position",
+                                                "k_histogram")})
         s["acceptance_length_histogram"] = acceptance_length_histogram(agg, k)
         s["fast_path"] = sorted({m.get("fast_path") for m in metrics})
     return s

@@ -172,6 +172,8 @@ class CallLoop:
         tokens."""
         self.metrics.round_seconds += seconds
         self.metrics.num_rounds += 1
+        if launched.k:
+            self.metrics.record_draft_lengths(row.drafted for _, row in live)
         if self.policy.adaptive:
             self.verdicts = (launched.bucket, launched.k, seconds if clean else None,
                              [(r, row.accepted, row.drafted) for r, row in live])

@@ -20,6 +20,7 @@ class SpecMetrics:
     num_accepted_tokens: int = 0
     num_emitted_tokens: int = 0
     accepted_per_position: list = field(default_factory=list)
+    draft_lengths: dict = field(default_factory=dict)  # tokens a draft proposed -> drafts (each round's sync)
     prefill_seconds: float = 0.0  # rows' prefills and first tokens (capture excluded: warm-up)
     round_seconds: float = 0.0  # launch to sync of every round
     total_seconds: float = 0.0
@@ -44,8 +45,27 @@ class SpecMetrics:
 
     @property
     def acceptance_per_position(self) -> list:
-        """Share of drafts whose j-th token was accepted (as part of the accepted prefix)."""
+        """Share of drafts whose j-th token was accepted (as part of the accepted prefix): vLLM's definition, whose
+        later positions read low where rounds proposed fewer tokens (adaptive k)."""
         return [a / self.num_drafts if self.num_drafts else 0.0 for a in self.accepted_per_position]
+
+    @property
+    def drafted_per_position(self) -> list:
+        """Drafts that proposed a j-th token."""
+        return [sum(n for d, n in self.draft_lengths.items() if d > j) for j in range(len(self.accepted_per_position))]
+
+    @property
+    def acceptance_per_drafted_position(self) -> list:
+        """Share of the drafts that proposed a j-th token in which it was accepted (with every token before it):
+        the draft's agreement at each position whatever lengths the rounds chose."""
+        return [a / n if n else 0.0 for a, n in zip(self.accepted_per_position, self.drafted_per_position)]
+
+    def record_draft_lengths(self, lengths) -> None:
+        """One round's draft lengths, a row each (0: the row proposed nothing), as its sync read them."""
+        hist = self.draft_lengths
+        for d in lengths:
+            if d:
+                hist[d] = hist.get(d, 0) + 1
 
     def record_totals(self, rows: int, drafts: int, draft_tokens: int, accepted: int, per_position: list) -> None:
         """Statistics of rounds that proposed (summed on the device over the call)."""
@@ -67,7 +87,9 @@ class SpecMetrics:
         d = asdict(self)
         d.update(acceptance_rate=self.acceptance_rate, match_fraction=self.match_fraction,
                  mean_acceptance_length=self.mean_acceptance_length,
-                 acceptance_per_position=self.acceptance_per_position, decode_seconds=self.decode_seconds)
+                 acceptance_per_position=self.acceptance_per_position, drafted_per_position=self.drafted_per_position,
+                 acceptance_per_drafted_position=self.acceptance_per_drafted_position,
+                 decode_seconds=self.decode_seconds)
         return d
 
 
