@@ -13,13 +13,20 @@ launches a layer). This probe times, for ``--rows`` rows and the 8B / 1B matmuls
 
     registers ``_few_rows_kernel(REGISTERS=True)`` (up to 8 rows): the same fusions with the weight's tiles by TMA but the
               products on the CUDA cores, every row against each weight tile once (``x[:, None, :] * w``, summed
-              along K): a one-row GEMV's layout with the rows as a third dimension, no padding to 16 rows
+              along K): a one-row GEMV's layout with the rows as a third dimension, no padding to 16 rows,
+              reduced every tile
+    accumulate ``_accumulate_kernel`` (up to 8 rows): the one-row GEMV's own loop (plain loads, the next tile in
+              flight, float32 sums per lane) with the rows as a third dimension, one reduction at the end
 
-and prints both, their ratio and the fused launch's error against the unfused one (max abs). Nothing here is used by
-the runner: a ratio well above 1 at the runner's row counts is the case for few-row layers. On an H200 (2026-11-29,
-docs/real_sizes.md) only the output projections' add paid, 1.06-1.29x, so the layers do not run these.
+and prints the unfused launches and the fastest fused one (its config names its kernel), their ratio and the fused
+launch's error against the unfused one (max abs). Nothing here is used by the runner: a ratio well above 1 at the
+runner's row counts is the case for few-row layers. On an H200 (2026-11-29, docs/real_sizes.md) only the output
+projections' add paid, 1.06-1.29x, and no registers launch was ever the fastest, so the layers do not run these;
+``accumulate`` has not run on a GPU yet.
 
     python benchmarks/few_rows_probe.py --rows 2,5,8,16,32 --out $OUT/few_rows.json     # CUDA (Hopper); minutes
+    python benchmarks/few_rows_probe.py --rows 2,5 --kernels accumulate \\
+        --shapes pair.qkv,pair.o,pair.gate_up,pair.down,8b.qkv,8b.gate_up --out $OUT/few_rows_acc.json
 """
 from __future__ import annotations
 
@@ -43,6 +50,49 @@ except ImportError:  # pragma: no cover
 
 SWEEP = {"block_n": (32, 64, 128), "block_k": (64, 128, 256), "num_stages": (3, 4)}
 SWEEP_REGISTERS = {"block_n": (4, 8, 16), "block_k": (64, 128, 256), "num_stages": (3, 4)}
+SWEEP_ACCUMULATE = {"block_n": (1, 2, 4, 8), "block_k": (64, 128, 256, 512), "num_warps": (2, 4, 8)}
+
+
+@triton.jit
+def _row_scales(x_ptr, rm, m_in, K, eps, NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Each row's ``1 / sqrt(mean(x^2) + eps)`` with NORM (else ones), in float32."""
+    scale = tl.full((BLOCK_M,), 1.0, tl.float32)
+    if NORM:
+        rk = tl.arange(0, BLOCK_K)
+        squares = tl.zeros((BLOCK_M, BLOCK_K), tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            x = tl.load(x_ptr + rm[:, None] * K + k0 + rk[None, :], mask=m_in[:, None] & (rk < K - k0)[None, :],
+                        other=0.0).to(tl.float32)
+            squares += x * x
+        scale = 1.0 / tl.sqrt(tl.sum(squares, axis=1) / K + eps)
+    return scale
+
+
+@triton.jit
+def _rows_tile(x_ptr, norm_ptr, rm, m_in, rk, k0, K, scale, NORM: tl.constexpr):
+    """The rows' columns ``k0 + rk`` in their dtype; with NORM the RMSNorm's output there, rounded as the model's."""
+    x = tl.load(x_ptr + rm[:, None] * K + k0 + rk[None, :], mask=m_in[:, None] & (rk < K - k0)[None, :], other=0.0)
+    if NORM:
+        nw = tl.load(norm_ptr + k0 + rk, mask=rk < K - k0, other=0.0).to(tl.float32)
+        x = ((x.to(tl.float32) * scale[:, None]).to(x.dtype).to(tl.float32) * nw[None, :]).to(x.dtype)
+    return x
+
+
+@triton.jit
+def _store_rows(acc, acc_up, rm, m_in, n0, res_ptr, y_ptr, N_OUT, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+                BLOCK_N: tl.constexpr):
+    """``acc`` (BLOCK_M, BLOCK_N) float32 sums (``acc_up`` the up rows' with GATED): SiLU·up, the residual add, each
+    rounded where the model's operations round; stores outputs ``n0 .. n0 + BLOCK_N`` of every row."""
+    dtype = y_ptr.dtype.element_ty
+    y = acc.to(dtype).to(tl.float32)
+    if GATED:
+        y = (y / (1.0 + tl.exp(-y))).to(dtype).to(tl.float32) * acc_up.to(dtype).to(tl.float32)
+    rn = n0 + tl.arange(0, BLOCK_N)
+    mask = m_in[:, None] & (rn < N_OUT)[None, :]
+    if RESIDUAL:
+        y = y.to(dtype).to(tl.float32) + tl.load(res_ptr + rm[:, None] * N_OUT + rn[None, :], mask=mask,
+                                                 other=0.0).to(tl.float32)
+    tl.store(y_ptr + rm[:, None] * N_OUT + rn[None, :], y.to(dtype), mask=mask)
 
 
 @triton.jit
@@ -55,15 +105,7 @@ def _few_rows_kernel(x_ptr, w_desc, norm_ptr, res_ptr, y_ptr, M, N_OUT, K, eps, 
     rm = tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
     m_in = rm < M
-    dtype = y_ptr.dtype.element_ty
-    scale = tl.full((BLOCK_M,), 1.0, tl.float32)
-    if NORM:  # each row's 1 / sqrt(mean(x^2) + eps)
-        squares = tl.zeros((BLOCK_M, BLOCK_K), tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            x = tl.load(x_ptr + rm[:, None] * K + k0 + rk[None, :], mask=m_in[:, None] & (rk < K - k0)[None, :],
-                        other=0.0).to(tl.float32)
-            squares += x * x
-        scale = 1.0 / tl.sqrt(tl.sum(squares, axis=1) / K + eps)
+    scale = _row_scales(x_ptr, rm, m_in, K, eps, NORM, BLOCK_M, BLOCK_K)
     if REGISTERS:
         acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -71,11 +113,7 @@ def _few_rows_kernel(x_ptr, w_desc, norm_ptr, res_ptr, y_ptr, M, N_OUT, K, eps, 
         acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
         acc_up = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-        x = tl.load(x_ptr + rm[:, None] * K + k0 + rk[None, :], mask=m_in[:, None] & (rk < K - k0)[None, :],
-                    other=0.0)
-        if NORM:
-            nw = tl.load(norm_ptr + k0 + rk, mask=rk < K - k0, other=0.0).to(tl.float32)
-            x = ((x.to(tl.float32) * scale[:, None]).to(dtype).to(tl.float32) * nw[None, :]).to(dtype)
+        x = _rows_tile(x_ptr, norm_ptr, rm, m_in, rk, k0, K, scale, NORM)
         if REGISTERS:
             x3 = x.to(tl.float32)[:, None, :]
             acc += tl.sum(x3 * w_desc.load([n0, k0]).to(tl.float32)[None, :, :], axis=2)
@@ -89,15 +127,45 @@ def _few_rows_kernel(x_ptr, w_desc, norm_ptr, res_ptr, y_ptr, M, N_OUT, K, eps, 
     if not REGISTERS:  # (BLOCK_M, BLOCK_N)
         acc = tl.trans(acc)
         acc_up = tl.trans(acc_up)
-    y = acc.to(dtype).to(tl.float32)
+    _store_rows(acc, acc_up, rm, m_in, n0, res_ptr, y_ptr, N_OUT, GATED, RESIDUAL, BLOCK_N)
+
+
+@triton.jit
+def _accumulate_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, y_ptr, M, N_OUT, K, eps, NORM: tl.constexpr,
+                       GATED: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr):
+    """The one-row GEMV's loop (``kernels/decode_linear_triton._gemv_kernel``) with the rows as a third dimension:
+    ``acc[m, n, j] += w[n, k0 + j] * x[m, k0 + j]``, the next weight tile in flight while one is summed, one
+    reduction along j at the end (REGISTERS reduces every tile). GATED: the tile's 2 BLOCK_N weight rows are the
+    gate and up rows of its outputs side by side."""
+    n0 = tl.program_id(0) * BLOCK_N
+    rm = tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    m_in = rm < M
     if GATED:
-        y = (y / (1.0 + tl.exp(-y))).to(dtype).to(tl.float32) * acc_up.to(dtype).to(tl.float32)
-    rn = n0 + tl.arange(0, BLOCK_N)
-    mask = m_in[:, None] & (rn < N_OUT)[None, :]
-    if RESIDUAL:
-        y = y.to(dtype).to(tl.float32) + tl.load(res_ptr + rm[:, None] * N_OUT + rn[None, :], mask=mask,
-                                                 other=0.0).to(tl.float32)
-    tl.store(y_ptr + rm[:, None] * N_OUT + rn[None, :], y.to(dtype), mask=mask)
+        i = tl.arange(0, 2 * BLOCK_N)
+        n = n0 + i // 2
+        rows = n + (i % 2) * N_OUT
+    else:
+        n = n0 + tl.arange(0, BLOCK_N)
+        rows = n
+    in_range = n < N_OUT
+    w_ptrs = w_ptr + rows[:, None].to(tl.int64) * K + rk[None, :]
+    w = tl.load(w_ptrs, mask=in_range[:, None] & (rk < K)[None, :], other=0.0, eviction_policy="evict_first")
+    scale = _row_scales(x_ptr, rm, m_in, K, eps, NORM, BLOCK_M, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, w.shape[0], BLOCK_K), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        x = _rows_tile(x_ptr, norm_ptr, rm, m_in, rk, k0, K, scale, NORM).to(tl.float32)
+        acc += x[:, None, :] * w.to(tl.float32)[None, :, :]
+        w_ptrs += BLOCK_K  # the next tile, in flight while this one is summed (none past the last)
+        w = tl.load(w_ptrs, mask=in_range[:, None] & (rk < K - k0 - BLOCK_K)[None, :], other=0.0,
+                    eviction_policy="evict_first")
+    y = tl.sum(acc, axis=2)
+    if GATED:
+        gate, up = tl.split(tl.reshape(y, (BLOCK_M, BLOCK_N, 2)))
+    else:
+        gate, up = y, y
+    _store_rows(gate, up, rm, m_in, n0, res_ptr, y_ptr, N_OUT, GATED, RESIDUAL, BLOCK_N)
 
 
 def few_rows_fused(x, w, norm_weight, eps, gated, residual, cfg):
@@ -105,25 +173,36 @@ def few_rows_fused(x, w, norm_weight, eps, gated, residual, cfg):
     m, k = x.shape
     n_out = w.shape[0] // 2 if gated else w.shape[0]
     y = torch.empty(m, n_out, dtype=x.dtype, device=x.device)
+    kernel = cfg.get("kernel", "dot")
+    block_m = triton.next_power_of_2(m) if kernel != "dot" else max(16, triton.next_power_of_2(m))
+    args = (norm_weight if norm_weight is not None else x, residual if residual is not None else x, y, m, n_out, k,
+            float(eps))
+    flags = dict(NORM=norm_weight is not None, GATED=gated, RESIDUAL=residual is not None, BLOCK_M=block_m,
+                 BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"])
+    grid = (triton.cdiv(n_out, cfg["block_n"]),)
+    if kernel == "accumulate":
+        _accumulate_kernel[grid](x, w, *args, **flags, num_warps=cfg["num_warps"])
+        return y
     desc = TensorDescriptor(w, list(w.shape), [w.stride(0), 1], [cfg["block_n"], cfg["block_k"]])
-    registers = cfg.get("registers", False)
-    block_m = triton.next_power_of_2(m) if registers else max(16, triton.next_power_of_2(m))
-    _few_rows_kernel[(triton.cdiv(n_out, cfg["block_n"]),)](
-        x, desc, norm_weight if norm_weight is not None else x, residual if residual is not None else x, y, m, n_out,
-        k, float(eps), NORM=norm_weight is not None, GATED=gated, RESIDUAL=residual is not None, BLOCK_M=block_m,
-        BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"], NUM_STAGES=cfg["num_stages"], REGISTERS=registers,
-        num_warps=4)
+    _few_rows_kernel[grid](x, desc, *args, **flags, NUM_STAGES=cfg["num_stages"], REGISTERS=kernel == "registers",
+                           num_warps=4)
     return y
 
 
 def launches(rows: int, kernels: str):
-    """The sweep's launches: ``SWEEP`` for the tensor-core kernel, ``SWEEP_REGISTERS`` (at most 8 rows, at most 128
-    products a thread in flight) for the CUDA-core one."""
+    """The sweep's launches: ``SWEEP`` for the tensor-core kernel; ``SWEEP_REGISTERS`` (at most 128 products a thread
+    in flight) and ``SWEEP_ACCUMULATE`` (at most 64 float32 sums a thread) for the CUDA-core ones, at most 8 rows."""
     out = [dict(zip(SWEEP, values)) for values in itertools.product(*SWEEP.values())] if "dot" in kernels else []
+    block_m = triton.next_power_of_2(rows)
     if "registers" in kernels and rows <= 8:
         for values in itertools.product(*SWEEP_REGISTERS.values()):
-            cfg = dict(zip(SWEEP_REGISTERS, values), registers=True)
-            if triton.next_power_of_2(rows) * cfg["block_n"] * cfg["block_k"] <= 128 * 128:
+            cfg = dict(zip(SWEEP_REGISTERS, values), kernel="registers")
+            if block_m * cfg["block_n"] * cfg["block_k"] <= 128 * 128:
+                out.append(cfg)
+    if "accumulate" in kernels and rows <= 8:
+        for values in itertools.product(*SWEEP_ACCUMULATE.values()):
+            cfg = dict(zip(SWEEP_ACCUMULATE, values), kernel="accumulate")
+            if block_m * 2 * cfg["block_n"] * cfg["block_k"] <= 64 * 32 * cfg["num_warps"]:
                 out.append(cfg)
     return out
 
@@ -133,7 +212,8 @@ def main() -> None:
     parser.add_argument("--shapes", default="8b.qkv,8b.o,8b.gate_up,8b.down,1b.qkv,1b.o,1b.gate_up,1b.down")
     parser.add_argument("--rows", default="2,5,8,16,32")
     parser.add_argument("--calls", type=int, default=40)
-    parser.add_argument("--kernels", default="dot,registers", help="dot (tensor cores) and / or registers (<= 8 rows)")
+    parser.add_argument("--kernels", default="dot,registers,accumulate",
+                        help="dot (tensor cores), registers and accumulate (CUDA cores, <= 8 rows)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": []}

@@ -135,14 +135,17 @@ def test_a_shape_listed_as_none_runs_the_operations_one_by_one(monkeypatch):
     assert ran == [1]
 
 
-@pytest.mark.parametrize("rows,norm,gated,residual,registers", [(5, True, True, False, False),
-                                                                (17, False, False, True, False),
-                                                                (5, True, True, False, True),
-                                                                (3, False, False, True, True)])
-def test_few_rows_probe_kernel_matches_reference(rows, norm, gated, residual, registers):
-    """``benchmarks/few_rows_probe.py``'s kernels (tensor-core tiles over a few rows, or the rows against each tile
-    on the CUDA cores; float16: the interpreter's ``tl.dot`` multiplies bfloat16 as raw bits) against the
-    reference."""
+@pytest.mark.parametrize("rows,norm,gated,residual,kernel", [(5, True, True, False, "dot"),
+                                                             (17, False, False, True, "dot"),
+                                                             (5, True, True, False, "registers"),
+                                                             (3, False, False, True, "registers"),
+                                                             (5, True, True, True, "accumulate"),
+                                                             (2, False, False, True, "accumulate"),
+                                                             (8, True, False, False, "accumulate")])
+def test_few_rows_probe_kernel_matches_reference(rows, norm, gated, residual, kernel):
+    """``benchmarks/few_rows_probe.py``'s kernels (tensor-core tiles over a few rows; the rows against each tile on
+    the CUDA cores, reduced every tile or once at the end; float16: the interpreter's ``tl.dot`` multiplies bfloat16
+    as raw bits) against the reference."""
     from benchmarks.few_rows_probe import few_rows_fused
 
     gen = torch.Generator().manual_seed(rows)
@@ -150,8 +153,9 @@ def test_few_rows_probe_kernel_matches_reference(rows, norm, gated, residual, re
     w = (torch.randn(96, 192, generator=gen) / 192 ** 0.5).to(torch.float16)
     nw = (1 + 0.3 * torch.randn(192, generator=gen)).to(torch.float16) if norm else None
     r = torch.randn(rows, 48 if gated else 96, generator=gen).to(torch.float16) if residual else None
-    cfg = dict(block_n=8, block_k=64, num_stages=3, registers=True) if registers else \
-        dict(block_n=32, block_k=64, num_stages=3)
+    cfg = {"dot": dict(block_n=32, block_k=64, num_stages=3),
+           "registers": dict(block_n=8, block_k=64, num_stages=3, kernel="registers"),
+           "accumulate": dict(block_n=4, block_k=128, num_warps=4, kernel="accumulate")}[kernel]
     got = few_rows_fused(x, w, nw, 1e-5, gated, r, cfg)
     as32 = (lambda t: None if t is None else t.float())  # noqa: E731
     want = decode_linear_reference(x.float(), w.float(), None, as32(nw), 1e-5, gated, as32(r))
