@@ -136,36 +136,34 @@ def _accumulate_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, y_ptr, M, N_OUT, K, eps,
                        BLOCK_K: tl.constexpr):
     """The one-row GEMV's loop (``kernels/decode_linear_triton._gemv_kernel``) with the rows as a third dimension:
     ``acc[m, n, j] += w[n, k0 + j] * x[m, k0 + j]``, the next weight tile in flight while one is summed, one
-    reduction along j at the end (REGISTERS reduces every tile). GATED: the tile's 2 BLOCK_N weight rows are the
-    gate and up rows of its outputs side by side."""
+    reduction along j at the end (REGISTERS reduces every tile). GATED: the up rows' tiles beside the gate rows'."""
     n0 = tl.program_id(0) * BLOCK_N
     rm = tl.arange(0, BLOCK_M)
+    rn = n0 + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     m_in = rm < M
+    n_in = rn < N_OUT
+    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :]
+    up = N_OUT.to(tl.int64) * K  # the up rows follow the gate rows
+    w = tl.load(w_ptrs, mask=n_in[:, None] & (rk < K)[None, :], other=0.0, eviction_policy="evict_first")
+    w_up = w
     if GATED:
-        i = tl.arange(0, 2 * BLOCK_N)
-        n = n0 + i // 2
-        rows = n + (i % 2) * N_OUT
-    else:
-        n = n0 + tl.arange(0, BLOCK_N)
-        rows = n
-    in_range = n < N_OUT
-    w_ptrs = w_ptr + rows[:, None].to(tl.int64) * K + rk[None, :]
-    w = tl.load(w_ptrs, mask=in_range[:, None] & (rk < K)[None, :], other=0.0, eviction_policy="evict_first")
+        w_up = tl.load(w_ptrs + up, mask=n_in[:, None] & (rk < K)[None, :], other=0.0, eviction_policy="evict_first")
     scale = _row_scales(x_ptr, rm, m_in, K, eps, NORM, BLOCK_M, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, w.shape[0], BLOCK_K), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        x = _rows_tile(x_ptr, norm_ptr, rm, m_in, rk, k0, K, scale, NORM).to(tl.float32)
-        acc += x[:, None, :] * w.to(tl.float32)[None, :, :]
-        w_ptrs += BLOCK_K  # the next tile, in flight while this one is summed (none past the last)
-        w = tl.load(w_ptrs, mask=in_range[:, None] & (rk < K - k0 - BLOCK_K)[None, :], other=0.0,
-                    eviction_policy="evict_first")
-    y = tl.sum(acc, axis=2)
-    if GATED:
-        gate, up = tl.split(tl.reshape(y, (BLOCK_M, BLOCK_N, 2)))
-    else:
-        gate, up = y, y
-    _store_rows(gate, up, rm, m_in, n0, res_ptr, y_ptr, N_OUT, GATED, RESIDUAL, BLOCK_N)
+        x = _rows_tile(x_ptr, norm_ptr, rm, m_in, rk, k0, K, scale, NORM).to(tl.float32)[:, None, :]
+        acc += x * w.to(tl.float32)[None, :, :]
+        if GATED:
+            acc_up += x * w_up.to(tl.float32)[None, :, :]
+        w_ptrs += BLOCK_K  # the next tiles, in flight while these are summed (none past the last)
+        next_in = n_in[:, None] & (rk < K - k0 - BLOCK_K)[None, :]
+        w = tl.load(w_ptrs, mask=next_in, other=0.0, eviction_policy="evict_first")
+        if GATED:
+            w_up = tl.load(w_ptrs + up, mask=next_in, other=0.0, eviction_policy="evict_first")
+    _store_rows(tl.sum(acc, axis=2), tl.sum(acc_up, axis=2), rm, m_in, n0, res_ptr, y_ptr, N_OUT, GATED, RESIDUAL,
+                BLOCK_N)
 
 
 def few_rows_fused(x, w, norm_weight, eps, gated, residual, cfg):
