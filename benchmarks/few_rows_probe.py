@@ -21,8 +21,8 @@ launches a layer). This probe times, for ``--rows`` rows and the 8B / 1B matmuls
 and prints the unfused launches and the fastest fused one (its config names its kernel), their ratio and the fused
 launch's error against the unfused one (max abs). Nothing here is used by the runner: a ratio well above 1 at the
 runner's row counts is the case for few-row layers. On an H200 (2026-11-29, docs/real_sizes.md) only the output
-projections' add paid, 1.06-1.29x, and no registers launch was ever the fastest, so the layers do not run these;
-``accumulate`` has not run on a GPU yet.
+projections' add paid, 1.06-1.29x (and the 1B gate/up at 2 rows), and no registers launch was ever the fastest, so
+the layers do not run these; ``accumulate`` has not run on a GPU yet.
 
     python benchmarks/few_rows_probe.py --rows 2,5,8,16,32 --out $OUT/few_rows.json     # CUDA (Hopper); minutes
     python benchmarks/few_rows_probe.py --rows 2,5 --kernels accumulate \\
@@ -130,7 +130,7 @@ def _few_rows_kernel(x_ptr, w_desc, norm_ptr, res_ptr, y_ptr, M, N_OUT, K, eps, 
     _store_rows(acc, acc_up, rm, m_in, n0, res_ptr, y_ptr, N_OUT, GATED, RESIDUAL, BLOCK_N)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "N_OUT", "K"])
 def _accumulate_kernel(x_ptr, w_ptr, norm_ptr, res_ptr, y_ptr, M, N_OUT, K, eps, NORM: tl.constexpr,
                        GATED: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr):
@@ -187,10 +187,11 @@ def few_rows_fused(x, w, norm_weight, eps, gated, residual, cfg):
     return y
 
 
-def launches(rows: int, kernels: str):
+def launches(rows: int, kernels: str, gated: bool):
     """The sweep's launches: ``SWEEP`` for the tensor-core kernel; ``SWEEP_REGISTERS`` (at most 128 products a thread
     in flight) and ``SWEEP_ACCUMULATE`` (at most 64 float32 sums a thread) for the CUDA-core ones, at most 8 rows."""
-    out = [dict(zip(SWEEP, values)) for values in itertools.product(*SWEEP.values())] if "dot" in kernels else []
+    out = [dict(zip(SWEEP, values), kernel="dot") for values in itertools.product(*SWEEP.values())] \
+        if "dot" in kernels else []
     block_m = triton.next_power_of_2(rows)
     if "registers" in kernels and rows <= 8:
         for values in itertools.product(*SWEEP_REGISTERS.values()):
@@ -200,7 +201,7 @@ def launches(rows: int, kernels: str):
     if "accumulate" in kernels and rows <= 8:
         for values in itertools.product(*SWEEP_ACCUMULATE.values()):
             cfg = dict(zip(SWEEP_ACCUMULATE, values), kernel="accumulate")
-            if block_m * 2 * cfg["block_n"] * cfg["block_k"] <= 64 * 32 * cfg["num_warps"]:
+            if block_m * (2 if gated else 1) * cfg["block_n"] * cfg["block_k"] <= 64 * 32 * cfg["num_warps"]:
                 out.append(cfg)
     return out
 
@@ -223,7 +224,7 @@ def main() -> None:
             base = mm.time_us(lambda a, w: unfused(a, w, nw, res, gated), args.calls)  # F.linear past 1 row
             want = unfused(mm.x, mm.weights[0], nw, res, gated).float()
             run = lambda a, w, cfg: few_rows_fused(a, w, nw, 1e-5, gated, res, cfg)  # noqa: E731
-            best = mm.fastest(launches(m, args.kernels), run, args.calls, want)
+            best = mm.fastest(launches(m, args.kernels, gated), run, args.calls, want)
             mm.record(result, name, base, best, args.out, rows=m)
             del mm
             torch.cuda.empty_cache()

@@ -101,6 +101,20 @@ def test_e2e_smoke(pair, tmp_path):
             assert 0 < r["speedup_vs_plain_compiled_fastest"] <= r["speedup_vs_plain_compiled"]
 
 
+def test_e2e_report_against_hf_fastest_pass():
+    """The summary's ``/cmp max``: the fast path's median tokens/s over Hugging Face's compiled path's fastest pass."""
+    sys.path.insert(0, REPO)
+    from benchmarks.e2e_report import add_speedups, fastest_pass
+
+    hf = {"method": "plain_compiled", "variant": "static_cache+compile", "batch_size": 1, "mode": "greedy",
+          "new_tokens_all": [512, 512], "seconds_all": [1.159, 1.682], "tokens_per_s": 373.0}
+    fast = {"method": "hf_specdec", "variant": "fast k=4", "batch_size": 1, "mode": "greedy", "tokens_per_s": 2075.6}
+    assert fastest_pass(hf) == pytest.approx(512 / 1.159)
+    add_speedups(fast, [hf, fast])
+    assert fast["speedup_vs_plain_compiled"] == pytest.approx(2075.6 / 373.0)
+    assert fast["speedup_vs_plain_compiled_fastest"] == pytest.approx(2075.6 * 1.159 / 512)
+
+
 def _torchrun_eval(pair, out, *extra):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",

@@ -47,6 +47,7 @@ def test_fixed_k_lengths_equal_k(target, batch, kind):
 def test_rounds_of_k_zero_count_nothing(target):
     """The policy's rounds of k = 0 propose nothing (a row's count of its last drafts is stale then)."""
     m = _metrics(target, make_draft(target, "mix"), 3, num_speculative_tokens=4, adaptive=True)
+    assert m.k_histogram.get(0)  # the case: rounds of k = 0 among drafting ones
     _check_counts(m)
     assert set(m.draft_lengths) <= {k for k in m.k_histogram if k}
 
@@ -55,7 +56,7 @@ def test_ngram_rows_propose_fewer(target):
     """Prompt lookup: a row whose match runs short proposes fewer than k tokens (or none)."""
     m = _metrics(target, None, 8, method="ngram", num_speculative_tokens=5)
     _check_counts(m)
-    assert m.match_fraction < 1.0 or len(m.draft_lengths) > 1
+    assert min(m.draft_lengths) < 5 < m.num_draft_tokens  # the case: drafts shorter than k
 
 
 def test_benchmarks_aggregate_calls(target):
