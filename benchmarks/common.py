@@ -213,8 +213,13 @@ def aggregate_metrics(dicts: list[dict]) -> dict:
     if "accepted_per_position_counts" in agg and agg.get("num_drafts"):
         agg["acceptance_per_position"] = [c / agg["num_drafts"] for c in agg["accepted_per_position_counts"]]
         if all(d.get("draft_lengths") is not None for d in dicts):  # drafts that proposed a j-th token
-            lengths = [(int(n), c) for d in dicts for n, c in d["draft_lengths"].items()]  # JSON keys are strings
-            drafted = [sum(c for n, c in lengths if n > j) for j in range(len(agg["accepted_per_position_counts"]))]
+            from hf_specdec.call.metrics import drafts_reaching
+
+            lengths: dict = {}
+            for d in dicts:
+                for n, c in d["draft_lengths"].items():  # JSON keys are strings
+                    lengths[int(n)] = lengths.get(int(n), 0) + c
+            drafted = drafts_reaching(lengths, len(agg["accepted_per_position_counts"]))
             agg["acceptance_per_drafted_position"] = [c / n if n else 0.0 for c, n in
                                                       zip(agg["accepted_per_position_counts"], drafted)]
     if agg.get("num_draft_tokens"):

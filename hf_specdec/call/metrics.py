@@ -52,7 +52,7 @@ class SpecMetrics:
     @property
     def drafted_per_position(self) -> list:
         """Drafts that proposed a j-th token."""
-        return [sum(n for d, n in self.draft_lengths.items() if d > j) for j in range(len(self.accepted_per_position))]
+        return drafts_reaching(self.draft_lengths, len(self.accepted_per_position))
 
     @property
     def acceptance_per_drafted_position(self) -> list:
@@ -91,6 +91,12 @@ class SpecMetrics:
                  acceptance_per_drafted_position=self.acceptance_per_drafted_position,
                  decode_seconds=self.decode_seconds)
         return d
+
+
+def drafts_reaching(draft_lengths: dict, positions: int) -> list:
+    """From a histogram of draft lengths (length -> drafts; string keys as JSON writes them too): the drafts that
+    proposed a j-th token, for j < ``positions``."""
+    return [sum(n for d, n in draft_lengths.items() if int(d) > j) for j in range(positions)]
 
 
 class StageTimer:
