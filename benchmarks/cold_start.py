@@ -1,12 +1,10 @@
 #!/usr/bin/env python
 """Cold start: what the first generate() of a fresh process costs, as a user meets it (issue 30).
 
-One fresh Python process per (method, batch size), the public API only, model load not timed. Each
-such "cold" process gets new, empty compile caches (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR,
-HF_SPECDEC_CACHE: hf_specdec's own compile cache, set whether or not the package reads it yet, and
-CUDA_CACHE_PATH) under a scratch directory; then a second fresh process reuses those directories
-(warm caches) and makes the first call again. Every call is timed with time.perf_counter() between
-torch.cuda.synchronize() calls.
+One fresh Python process per (method, batch size), the public API only, model load not timed. Each such "cold"
+process gets new, empty compile caches (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, HF_SPECDEC_CACHE,
+CUDA_CACHE_PATH) under a scratch directory; then a second fresh process reuses those directories (warm caches)
+and makes the first call again. Every call is timed with time.perf_counter() between torch.cuda.synchronize().
 
 Methods (--methods, in the order run; rows not started within --deadline-s are listed as skipped):
   hf_compiled          plain HF generate(), cache_implementation="static" + compile_config (transformers'
@@ -34,9 +32,8 @@ Shapes (--shapes):
     python benchmarks/cold_start.py --shapes tiny --batch-sizes 1,3 --out /tmp/cold_tiny.json   # CPU smoke
     python benchmarks/cold_start.py --report a.json b.json     # the table of runs made in parts
 
-Rows run batch sizes outer, methods inner, each cold process followed by its warm one; every process builds its
-models again, so what --deadline-s cuts is listed as skipped (run the rest with --methods / --batch-sizes, merge
-with --report). Generated tokens are hashed (whole for tiny or --record-tokens); same_tokens_as_hf_compiled
+Rows run batch sizes outer, methods inner, each cold process followed by its warm one; rows --deadline-s cuts are
+listed as skipped (run the rest with --methods / --batch-sizes, merge with --report). Generated tokens are hashed (whole for tiny or --record-tokens); same_tokens_as_hf_compiled
 compares them with hf_compiled's. The JSON holds every row (calls, spec_metrics.warmup_seconds, fast_path, the
 environment); the markdown table (benchmarks/cold_start_report.py) is printed last.
 """
@@ -94,6 +91,9 @@ def parse_args(argv=None):
     for key, value in DEFAULTS[args.shapes].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    for key in ("pair", "prompts"):  # the children run in the repository: paths as the caller meant them
+        if getattr(args, key):
+            setattr(args, key, os.path.abspath(getattr(args, key)))
     return args
 
 

@@ -120,3 +120,12 @@ def test_deadline_skips_every_row(tmp_path):
         assert row["skipped"] and "first_call_s" not in row
         assert "deadline" in row["skipped"] or row["method"] == "runner_plain_graphs"
     assert stdout.count(" | skipped |") == len(report["rows"])
+
+
+def test_paths_are_taken_from_the_callers_directory(tmp_path, monkeypatch):
+    """The children run in the repository: --pair and --prompts must mean what they meant where the caller was."""
+    from benchmarks import cold_start
+    monkeypatch.chdir(tmp_path)
+    args = cold_start.parse_args(["--shapes", "pair", "--pair", "runs/pair", "--prompts", "data/h.jsonl.gz"])
+    assert args.pair == str(tmp_path / "runs" / "pair") and args.prompts == str(tmp_path / "data" / "h.jsonl.gz")
+    assert cold_start.parse_args(["--shapes", "tiny"]).pair is None

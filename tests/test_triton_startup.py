@@ -1,4 +1,5 @@
-"""Triton's start-up (kernels/triton_startup.py) runs once per process, off the first call, only for CUDA models."""
+"""Triton's start-up (kernels/triton_startup.py) runs once per process, off the first call, only for CUDA models:
+one thread for the start-up, one that builds the kernels' launchers ahead."""
 import threading
 
 import torch
@@ -29,4 +30,4 @@ def test_one_thread_per_process_for_cuda_models(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     for _ in range(3):
         triton_startup.start_triton_startup(torch.device("cuda", 0))
-    assert started == ["hf_specdec-triton-startup"]
+    assert started == ["hf_specdec-triton-startup", "hf_specdec-triton-launchers"]

@@ -4,7 +4,9 @@ The first Triton launch of a process hashes Triton's own sources into its cache 
 0.4 s on an H200 host) and imports the compiler's Gluon front end (about 0.1 s), even when every kernel is
 in Triton's disk cache. ``hf_specdec.enable`` starts both in a daemon thread: file reads and hashing release
 the GIL, so they overlap what the user does next (loading a draft, tokenising) and the first
-``generate()`` finds them done. Best effort: a failure here only means the first call does the work itself.
+``generate()`` finds them done. The same thread creates Triton's CUDA driver (its utility module: a C build with
+an empty cache, 0.6 s); another builds the kernels' launchers ahead (``triton_launchers.py``). Best effort: a failure
+here only means the first call does the work itself.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ def start_triton_startup(device: torch.device) -> None:
         return
     _started.set()
     threading.Thread(target=triton_startup, name="hf_specdec-triton-startup", daemon=True).start()
+    threading.Thread(target=_prebuild_launchers, name="hf_specdec-triton-launchers", daemon=True).start()
 
 
 def triton_startup() -> None:
@@ -34,5 +37,20 @@ def triton_startup() -> None:
         pass
     try:
         import triton.experimental.gluon  # noqa: F401
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        from triton.runtime import driver
+
+        driver.active  # noqa: B018  (created on first use: the first launch then finds it)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _prebuild_launchers() -> None:
+    try:
+        from .triton_launchers import prebuild_recorded_launchers
+
+        prebuild_recorded_launchers()
     except Exception:  # noqa: BLE001
         pass
