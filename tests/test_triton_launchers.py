@@ -95,3 +95,13 @@ def test_the_recorder_writes_a_module_that_reads_back(tmp_path, monkeypatch):
     exec(compile(text, "launcher_signatures.py", "exec"), namespace)
     assert sorted(namespace["SIGNATURES"], key=repr) == sorted(set(sigs), key=repr)
     assert len(namespace["SIGNATURES"]) == 2 and namespace["__doc__"].startswith("The argument kinds")
+
+
+def test_compilers_at_a_time_shared_among_a_hosts_processes(monkeypatch):
+    monkeypatch.setattr(triton_launchers.os, "cpu_count", lambda: 32)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert triton_launchers.default_workers(15) == 8 and triton_launchers.default_workers(3) == 3
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert triton_launchers.default_workers(15) == 4
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "64")
+    assert triton_launchers.default_workers(15) == 1

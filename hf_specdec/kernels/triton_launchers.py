@@ -48,13 +48,20 @@ def launcher_builder() -> Optional[Callable[[Signature], object]]:
     return build
 
 
+def default_workers(jobs: int) -> int:
+    """Compilers at a time: at most 8, half the host's cores shared among the processes ``accelerate launch`` or
+    ``torchrun`` started on it (each builds the same launchers into the same cache), at least one."""
+    processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    return max(1, min(8, (os.cpu_count() or 2) // (2 * processes), jobs))
+
+
 def prebuild_launchers(signatures: Iterable[Signature], build: Callable[[Signature], object],
                        workers: Optional[int] = None) -> int:
     """Build each signature's launcher, ``workers`` at a time; the number built (or found cached) without error."""
     signatures = list(dict.fromkeys(signatures))
     if not signatures:
         return 0
-    workers = workers or max(1, min(8, (os.cpu_count() or 2) // 2, len(signatures)))
+    workers = workers or default_workers(len(signatures))
 
     def one(signature) -> bool:
         try:
