@@ -21,8 +21,8 @@ launches a layer). This probe times, for ``--rows`` rows and the 8B / 1B matmuls
 and prints the unfused launches and the fastest fused one (its config names its kernel), their ratio and the fused
 launch's error against the unfused one (max abs). Nothing here is used by the runner: a ratio well above 1 at the
 runner's row counts is the case for few-row layers. On an H200 (2026-11-29, docs/real_sizes.md) only the output
-projections' add paid, 1.06-1.29x (and the 1B gate/up at 2 rows), and no registers launch was ever the fastest, so
-the layers do not run these; ``accumulate`` has not run on a GPU yet.
+projections' add paid, 1.06-1.29x (and the 1B gate/up at 2 rows), no registers launch was ever the fastest, and
+``accumulate`` lost at 5 rows (0.3-0.64x), so the layers do not run these.
 
     python benchmarks/few_rows_probe.py --rows 2,5,8,16,32 --out $OUT/few_rows.json     # CUDA (Hopper); minutes
     python benchmarks/few_rows_probe.py --rows 2,5 --kernels accumulate \\

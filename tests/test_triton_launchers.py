@@ -87,7 +87,7 @@ def test_the_recorder_keeps_what_the_launcher_source_depends_on(meta):
     assert descriptors == (None if meta is None else (True, False))
 
 
-def test_the_recorder_writes_a_module_that_reads_back(tmp_path, monkeypatch):
+def test_the_recorder_writes_a_module_that_reads_back():
     sigs = [(("*bf16", "i32", "constexpr"), None), (("*fp32", "tensordesc<bf16[2, 64]>"), (True,)),
             (("*bf16", "i32", "constexpr"), None)]
     text = recorder.format_signatures(sigs)
