@@ -20,6 +20,7 @@ implementation and masks, unchanged. A call that reaches the function without a
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 import weakref
@@ -41,6 +42,17 @@ PAGED_BATCH_KWARG = "hf_specdec_batch"
 _UNSUPPORTED_KWARGS = ("s_aux", "sinks", "attention_chunk_size", "cu_seq_lens_q")
 
 _original_impl: dict[int, str] = {}  # id(config) -> implementation to delegate to
+
+# Prompts of up to PROMPT_FLASH_MAX_TOKENS on a GPU attend by flash or memory-efficient kernels, not cuDNN's. torch
+# 2.11 picks cuDNN's on Hopper, which builds a plan for every new sequence length (40-65 ms each on an H200) and, with
+# an empty CUDA cache (a machine's first process), compiles its kernels at run time first (0.4-1.3 s a head size and
+# tile); flash's serve any length (10-20 ms for a kernel's first use in a process, 0.3 ms for a new length).
+# Longer prompts keep torch's choice: cuDNN's kernel is faster there (8B shapes: 214 against 240 ms for the
+# prefill of 8192 tokens). benchmarks/sdpa_first_use.py; docs/first_call.md. The backend flags are global: the
+# lock keeps two of our threads from restoring each other's.
+CUDNN_PROMPT_ATTENTION_ENV = "HF_SPECDEC_CUDNN_PROMPT_ATTENTION"  # "1": torch's choice at every length
+PROMPT_FLASH_MAX_TOKENS = 1024
+_PROMPT_SDPA_LOCK = threading.Lock()
 
 
 def _delegate(module):
@@ -129,14 +141,28 @@ def _prompt_attention(module, query, key, value, scaling, spans, real: torch.Ten
     real ones, so no real token attends them, but garbage there (NaN) would leak through a masked softmax."""
     keep = real[None, None, :, None]
     key, value = torch.where(keep, key, 0), torch.where(keep, value, 0)
-    if spans == ((0, query.shape[2]),):  # one row, prompt then padding (a b = 1 prefill): no zeros, no copy
-        return sdpa_attention_forward(module, query, key, value, None, scaling=scaling, dropout=0.0)[0]
-    out = query.new_zeros(1, query.shape[2], query.shape[1], query.shape[3])
-    for s, e in spans:
-        part, _ = sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None,
-                                         scaling=scaling, dropout=0.0)
-        out[:, s:e] = part
+    with prompt_sdpa_backends(query.device, max(e - s for s, e in spans)):
+        if spans == ((0, query.shape[2]),):  # one row, prompt then padding (a b = 1 prefill): no zeros, no copy
+            return sdpa_attention_forward(module, query, key, value, None, scaling=scaling, dropout=0.0)[0]
+        out = query.new_zeros(1, query.shape[2], query.shape[1], query.shape[3])
+        for s, e in spans:
+            part, _ = sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None,
+                                             scaling=scaling, dropout=0.0)
+            out[:, s:e] = part
     return out
+
+
+@contextlib.contextmanager
+def prompt_sdpa_backends(device: torch.device, tokens: int) -> Iterator[None]:
+    """On CUDA, scaled-dot-product attention of up to ``PROMPT_FLASH_MAX_TOKENS`` query tokens without cuDNN's
+    backend inside (see ``CUDNN_PROMPT_ATTENTION_ENV``); anything else as torch chooses."""
+    if device.type != "cuda" or tokens > PROMPT_FLASH_MAX_TOKENS or os.environ.get(CUDNN_PROMPT_ATTENTION_ENV) == "1":
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with _PROMPT_SDPA_LOCK, sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        yield
 
 
 def _launch_device(t: torch.Tensor):
