@@ -3,8 +3,22 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Workers side by side (README's `-n auto`): torch's intra-op threads of two workers on two cores spin against
+    # each other (the suite ran slower than one process); one each, here and in the scripts the tests start.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(items):
+    """Every test of the tiny trained pair on one xdist worker (`--dist loadgroup`): the pair is built once a worker,
+    and its build is the suite's longest fixture."""
+    for item in items:
+        if "tiny_pair" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("tiny_pair"))
 
 
 @pytest.fixture(scope="module")

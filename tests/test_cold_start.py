@@ -1,7 +1,7 @@
 """CPU smoke of benchmarks/cold_start.py: its tiny shapes end to end, one fresh process per (method, batch).
 
-Two drivers run side by side (batch 3 with the warm second processes, batch 1 without) so that the
-whole test stays near half a minute on two cores. Every row must be present with positive times,
+Two drivers run side by side (batch 3 with the warm second processes, batch 1 without), each with a part of
+the methods (Hugging Face's rows in both: the tokens' reference), seven processes in all. Every row must be present with positive times,
 the speculative and runner rows' greedy tokens (first, steady, new-length call, and the warm
 process's first call) must equal plain Hugging Face greedy's in fp32, each cold process must have
 had its own fresh cache directories and its warm process the same ones; rows not run are skipped
@@ -17,14 +17,14 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "benchmarks", "cold_start.py")
-RUN = ("hf_compiled", "runner_plain", "spec_default", "spec_k4")
-METHODS = ",".join(RUN + ("runner_plain_graphs",))
+METHODS = "hf_compiled,runner_plain,spec_default,spec_k4,runner_plain_graphs"
+RUN = {3: "hf_compiled,spec_k4,runner_plain_graphs", 1: "hf_compiled,runner_plain,spec_default,runner_plain_graphs"}
 CACHE_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "HF_SPECDEC_CACHE")
 NEW_TOKENS, PROMPT, DELTA = 10, 12, 37
 
 
-def launch(out, *extra):
-    cmd = [sys.executable, SCRIPT, "--shapes", "tiny", "--methods", METHODS, "--max-new-tokens", str(NEW_TOKENS),
+def launch(out, methods, *extra):
+    cmd = [sys.executable, SCRIPT, "--shapes", "tiny", "--methods", methods, "--max-new-tokens", str(NEW_TOKENS),
            "--prompt-len", str(PROMPT), "--length-delta", str(DELTA), "--out", str(out), *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -40,15 +40,15 @@ def finish(proc, out):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cold_start")
-    with_second = launch(tmp / "b3.json", "--batch-sizes", "3")
-    without = launch(tmp / "b1.json", "--batch-sizes", "1", "--no-second-process")
+    with_second = launch(tmp / "b3.json", RUN[3], "--batch-sizes", "3")
+    without = launch(tmp / "b1.json", RUN[1], "--batch-sizes", "1", "--no-second-process")
     return {3: finish(with_second, tmp / "b3.json"), 1: finish(without, tmp / "b1.json")}
 
 
 def check_report(report, batch, second):
     """AssertionError where the report of a tiny run at this batch size is wrong."""
     rows = {(r["method"], r["batch_size"]): r for r in report["rows"]}
-    assert sorted(rows) == sorted((m, batch) for m in METHODS.split(","))
+    assert sorted(rows) == sorted((m, batch) for m in RUN[batch].split(","))
     graphs = rows.pop(("runner_plain_graphs", batch))
     assert "CUDA" in graphs["skipped"] and "first_call_s" not in graphs
     assert report["env"]["torch"] and report["env"]["device_name"] == "cpu"
@@ -88,9 +88,10 @@ def test_tiny_end_to_end(runs):
         tail = stdout.strip().splitlines()
         start = max(i for i, line in enumerate(tail) if line.startswith("| method |"))
         table = [line for line in tail[start:] if line.startswith("| ")]
-        assert len(table) == 1 + len(METHODS.split(","))  # header + one line per row, printed last
+        assert len(table) == 1 + len(RUN[batch].split(","))  # header + one line per row, printed last
         assert any(line.startswith("| runner_plain_graphs | ") and "skipped" in line for line in table)
-    spec_rounds = runs[3][0]["rows"][3]["cold_process"]["calls"]["steady"]  # spec_k4 at b = 3
+    spec_k4 = next(r for r in runs[3][0]["rows"] if r["method"] == "spec_k4")
+    spec_rounds = spec_k4["cold_process"]["calls"]["steady"]
     assert spec_rounds["num_rounds"] < NEW_TOKENS and spec_rounds["acceptance_rate"] > 0  # drafts were accepted
 
 
@@ -100,12 +101,14 @@ def test_check_report_can_fail(runs):
     def bump(tokens, i):
         tokens[i] = (tokens[i] + 1) % 256
 
-    for doctor in (lambda r: bump(r["rows"][2]["cold_process"]["calls"]["steady"]["tokens"][1], 4),
-                   lambda r: bump(r["rows"][3]["cold_process"]["calls"]["new_length"]["tokens"][2], 9),
-                   lambda r: bump(r["rows"][3]["second_process"]["calls"]["first"]["tokens"][0], 0),
+    assert [r["method"] for r in report["rows"]][:2] == ["hf_compiled", "spec_k4"]
+    for doctor in (lambda r: bump(r["rows"][1]["cold_process"]["calls"]["steady"]["tokens"][1], 4),
+                   lambda r: bump(r["rows"][1]["cold_process"]["calls"]["new_length"]["tokens"][2], 9),
+                   lambda r: bump(r["rows"][1]["second_process"]["calls"]["first"]["tokens"][0], 0),
+                   lambda r: bump(r["rows"][0]["cold_process"]["calls"]["first"]["tokens"][2], 3),
                    lambda r: r["rows"][1].__setitem__("steady_call_s", 0.0),
                    lambda r: r["rows"].pop(1),
-                   lambda r: r["rows"][2]["second_process"]["env"]["caches"].__setitem__("TRITON_CACHE_DIR", "/x")):
+                   lambda r: r["rows"][1]["second_process"]["env"]["caches"].__setitem__("TRITON_CACHE_DIR", "/x")):
         bad = copy.deepcopy(report)
         doctor(bad)
         with pytest.raises(AssertionError):
@@ -113,7 +116,7 @@ def test_check_report_can_fail(runs):
 
 
 def test_deadline_skips_every_row(tmp_path):
-    report, stdout = finish(launch(tmp_path / "none.json", "--batch-sizes", "1,3", "--deadline-s", "0"),
+    report, stdout = finish(launch(tmp_path / "none.json", METHODS, "--batch-sizes", "1,3", "--deadline-s", "0"),
                             tmp_path / "none.json")
     assert len(report["rows"]) == 2 * len(METHODS.split(","))
     for row in report["rows"]:
