@@ -299,6 +299,6 @@ def test_a_probe_cut_short_by_rows_joining_is_made_again():
         ks.append(policy.choose(1, [0], [1000]))
         policy.observe(1, ks[-1], None, [(0, 0, ks[-1])] if ks[-1] else [(0, 0, 0)])
         policy.prepare(1, [0], [1000])
-        if ks[-1] or policy._pending and policy._pending[1]:
+        if ks[-1] or policy._pending and policy._pending.k:
             policy.rows_joined()  # at every probe round, and whenever a probe is prepared
     assert sum(k > 0 for k in ks) >= 4

@@ -73,6 +73,7 @@ Buckets fix the shape of a round, so k is one number per round.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -101,6 +102,15 @@ _PROBE_ROUNDS = 4  # rounds a probe stands: one round's verdicts barely move a r
 _MAX_PROBE = 128  # a probe after long runs of 0 costs a catch-up of the draft model too
 
 
+@dataclass
+class _Decision:
+    """A k chosen for a shape of round, standing for rounds (held) or made ahead (``prepare``)."""
+    shape: tuple  # (bucket, live rows)
+    k: int
+    stands: int  # held: rounds it still stands after this one; made ahead: rounds it will stand
+    probing: bool  # a probe of k > 0 after rounds of 0
+
+
 class SpeculationLength:
     def __init__(self, k_max: int, adaptive: bool, method: str, memory: Optional[dict] = None,
                  hold_rounds: int = 1, execution: Optional[tuple] = None):
@@ -112,11 +122,11 @@ class SpeculationLength:
         per execution, the rest of the memory is shared (None: the costs live in ``memory`` itself)."""
         self.k_max, self.adaptive, self.method = k_max, adaptive, method
         self.hold_rounds = hold_rounds
-        self._held: Optional[list] = None  # [(bucket, live rows), k, rounds it still stands]
+        self._held: Optional[_Decision] = None  # the decision that stands
         self.decisions_taken = 0  # rounds of ``choose`` that did not follow a standing decision
         self._stands = hold_rounds  # rounds the decision being made stands (set by _choose)
         self._probing = False  # the decision being made is a probe (set by _choose)
-        self._pending: Optional[tuple] = None  # a decision made ahead by prepare: (shape, k, stands, probing)
+        self._pending: Optional[_Decision] = None  # a decision made ahead by prepare
         self.memory = memory if memory is not None else {}
         # A call that switches to the compiled code times its rounds afresh: the costs measured on the models'
         # uncompiled graphs (while compiling in the background) priced every k > 0 at about twice its cost, and
@@ -146,16 +156,16 @@ class SpeculationLength:
         shape = (bucket, len(rows))
         pending, self._pending = self._pending, None
         if self._holds(shape):
-            self._held[2] -= 1
-            k = self._held[1]
+            self._held.stands -= 1
+            k = self._held.k
         else:
             self._drop_probe(self._held)  # one that stood for rounds left, in a shape it does not fit
-            if pending is not None and _fits(pending[0], shape):
-                k, self._stands, self._probing = pending[1:]
+            if pending is not None and _fits(pending.shape, shape):
+                k, self._stands, self._probing = pending.k, pending.stands, pending.probing
             else:
                 self._drop_probe(pending)
                 k = self._decide(bucket, rows, remaining)
-            self._held = [shape, k, self._stands - 1, self._probing]
+            self._held = _Decision(shape, k, self._stands - 1, self._probing)
             self.decisions_taken += 1
             if self.adaptive and not self._probing:  # a fixed k leaves the memory to the adaptive calls
                 self.memory["last_k"] = k
@@ -170,7 +180,7 @@ class SpeculationLength:
         if not self.adaptive or self._holds((bucket, len(rows))):
             return  # the next round follows the decision that stands
         k = self._decide(bucket, rows, remaining)
-        self._pending = ((bucket, len(rows)), k, self._stands, self._probing)
+        self._pending = _Decision((bucket, len(rows)), k, self._stands, self._probing)
 
     def rows_joined(self) -> None:
         """Rows started since the last decision (waves under a cache budget; rows may have left at the same
@@ -179,16 +189,16 @@ class SpeculationLength:
         self._drop_probe(self._pending)
         self._held = self._pending = None
 
-    def _drop_probe(self, decision) -> None:
+    def _drop_probe(self, decision: Optional[_Decision]) -> None:
         """A probe (held with rounds left, or prepared) that will not run them: the next decision of k = 0 probes
         again instead of waiting out the schedule its start had moved on."""
-        if decision is not None and decision[3] and decision[2] > 0:  # (shape, k, rounds left or to stand, probe)
+        if decision is not None and decision.probing and decision.stands > 0:
             self.memory["zero_streak"] = self.memory["probe_every"]
 
     def _holds(self, shape: tuple) -> bool:
         """A decision that fits this (bucket, live rows) still stands a round."""
         held = self._held
-        return held is not None and _fits(held[0], shape) and held[2] > 0
+        return held is not None and _fits(held.shape, shape) and held.stands > 0
 
     def _decide(self, bucket: int, rows: list[int], remaining: list[int]) -> int:
         """A fresh decision; ``_choose`` sets how long it stands and whether it is a probe."""
