@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 
 import torch
 from transformers import PreTrainedModel, StoppingCriteriaList, StopStringCriteria
@@ -25,6 +26,7 @@ from .call.arguments import as_spec_config, check_tokenizers
 from .call.config import SpecConfig
 from .generate import speculative_generate
 from .kernels.triton_startup import start_triton_startup
+from .runner.graphs import CAPTURE_LOCK
 
 
 def enable(model: PreTrainedModel) -> PreTrainedModel:
@@ -37,7 +39,8 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
         if spec_config is None:
             spec_config = _prompt_lookup_config(model, kwargs)
         if spec_config is None:
-            return original(*args, **kwargs)
+            with _after_background_tracing():
+                return original(*args, **kwargs)
         if kwargs.get("custom_generate") is not None:
             raise ValueError("spec_config and custom_generate cannot be combined: spec_config already uses it.")
         spec_config = as_spec_config(spec_config)
@@ -55,6 +58,23 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
     model.generate = generate
     start_triton_startup(model.device)  # beside the user's next steps (loading a draft), not in the first call
     return model
+
+
+@contextlib.contextmanager
+def _after_background_tracing():
+    """A plain call waits for what hf_specdec runs in another thread under ``CAPTURE_LOCK``: a background
+    compilation traces with torch's tracer, which patches ``nn.Module.__call__`` for the whole process meanwhile, and
+    a plain forward then failed with torch.fx's "module is not installed as a submodule" (and a plain call's own
+    compilation would break ours the same way)."""
+    if not CAPTURE_LOCK.acquire(blocking=False):
+        warnings.warn("hf_specdec: this generate() without spec_config waits for the compilation (or CUDA graph "
+                      "capture) hf_specdec runs in another thread; SpecConfig(compile=True) or hf_specdec.warmup() "
+                      "finishes compiling before the call returns.", RuntimeWarning, stacklevel=4)
+        CAPTURE_LOCK.acquire()
+    try:
+        yield
+    finally:
+        CAPTURE_LOCK.release()
 
 
 def _current_device(model: PreTrainedModel):
