@@ -34,8 +34,8 @@ Shapes (--shapes):
 
 Rows run batch sizes outer, methods inner, each cold process followed by its warm one; rows --deadline-s cuts are
 listed as skipped (run the rest with --methods / --batch-sizes, merge with --report). Generated tokens are hashed
-(whole for tiny or --record-tokens); same_tokens_as_hf_compiled compares them with hf_compiled's. The JSON holds every row (calls, spec_metrics.warmup_seconds, fast_path, the
-environment); the markdown table (benchmarks/cold_start_report.py) is printed last.
+(whole for tiny or --record-tokens); same_tokens_as_hf_compiled compares them with hf_compiled's. The JSON holds
+every row (calls, spec_metrics.warmup_seconds, fast_path, the environment); cold_start_report.py's table is last.
 """
 from __future__ import annotations
 

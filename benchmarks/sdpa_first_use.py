@@ -43,7 +43,8 @@ def child(mode: str) -> dict:
 
     def attend(length: int, shape: tuple) -> float:
         heads, kv_heads, dim = shape
-        q, k, v = (torch.randn(1, h, length, dim, device=dev, dtype=torch.bfloat16) for h in (heads, kv_heads, kv_heads))
+        q, k, v = (torch.randn(1, h, length, dim, device=dev, dtype=torch.bfloat16)
+                   for h in (heads, kv_heads, kv_heads))
         torch.cuda.synchronize()
         start = time.perf_counter()
         if mode == "torch":

@@ -1,9 +1,9 @@
 """CPU smoke of benchmarks/cold_start.py: its tiny shapes end to end, one fresh process per (method, batch).
 
 Two drivers run side by side (batch 3 with the warm second processes, batch 1 without), each with a part of
-the methods (Hugging Face's rows in both: the tokens' reference), seven processes in all. Every row must be present with positive times,
-the speculative and runner rows' greedy tokens (first, steady, new-length call, and the warm
-process's first call) must equal plain Hugging Face greedy's in fp32, each cold process must have
+the methods (Hugging Face's rows in both: the tokens' reference), seven processes in all. Every row must be
+present with positive times, the speculative and runner rows' greedy tokens (first, steady, new-length call, and
+the warm process's first call) must equal plain Hugging Face greedy's in fp32, each cold process must have
 had its own fresh cache directories and its warm process the same ones; rows not run are skipped
 with the reason. ``check_report`` is also shown to fail on a doctored report.
 """
