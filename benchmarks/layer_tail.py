@@ -41,7 +41,7 @@ SHAPES = {  # name: (hidden H, attention width K_attn, MLP width I)
 }
 L2_CLEAR_BYTES = 256 << 20
 SPACE = {"block_n": (2, 4, 8, 16), "block_k": (256, 512, 1024, 2048), "num_stages": (1, 2, 3, 4)}  # per phase
-GLOBAL = {"num_warps": (4, 8), "prefetch_cols": (0, 512, 2048)}
+GLOBAL = {"num_warps": (4, 8), "prefetch_cols": (0, 512, 2048), "programs_per_sm": (1, 2, 4, 8)}
 
 
 def layer_weights(H, K_attn, I, device, dtype=torch.bfloat16) -> list:
@@ -112,23 +112,27 @@ def sync_probe(device, rounds: int) -> dict:
 
 
 def search(base: dict, x, h, weights, counters, calls, H, K_attn, I, budget_s: float) -> tuple[dict, float, int]:
-    """Coordinate search from ``base``: each knob of each phase in turn, keeping what was faster; one pass."""
+    """Coordinate search from ``base``: the global knobs, then each knob of each phase in turn, keeping what was
+    faster; passes over them all until ``budget_s`` is spent or a pass changes nothing."""
     best, best_us, tried, t0 = dict(base), time_config(base, x, h, weights, counters, calls), 1, time.time()
-    knobs = [(name, phase, values) for name, values in SPACE.items() for phase in range(3)]
-    knobs += [(name, None, values) for name, values in GLOBAL.items()]
-    for name, phase, values in knobs:
-        for value in values:
-            cfg = dict(best)
-            if phase is None:
-                cfg[name] = value
-            else:
-                cfg[name] = tuple(value if p == phase else v for p, v in enumerate(best[name]))
-            if cfg == best or not fits(cfg, H, K_attn, I) or time.time() - t0 > budget_s:
-                continue
-            us = time_config(cfg, x, h, weights, counters, calls)
-            tried += 1
-            if us < best_us:
-                best, best_us = cfg, us
+    knobs = [(name, None, values) for name, values in GLOBAL.items()]
+    knobs += [(name, phase, values) for name, values in SPACE.items() for phase in range(3)]
+    changed = True
+    while changed and time.time() - t0 < budget_s:
+        changed = False
+        for name, phase, values in knobs:
+            for value in values:
+                cfg = dict(best)
+                if phase is None:
+                    cfg[name] = value
+                else:
+                    cfg[name] = tuple(value if p == phase else v for p, v in enumerate(best[name]))
+                if cfg == best or not fits(cfg, H, K_attn, I) or time.time() - t0 > budget_s:
+                    continue
+                us = time_config(cfg, x, h, weights, counters, calls)
+                tried += 1
+                if us < best_us:
+                    best, best_us, changed = cfg, us, True
     return best, best_us, tried
 
 
@@ -168,6 +172,7 @@ def main() -> None:
             best, best_us, row["tried"] = search(base, x, h, weights, counters, args.calls, H, K_attn, I,
                                                  args.budget_s)
         row["best"], row["best_us"] = best, best_us
+        row["best_split_us"] = time_config(dict(best, phases="split"), x, h, weights, counters, args.calls)
         # Checks: one launch == its phases split, bit for bit; against the three launches; counters back at zero.
         one = layer_tail_one(x, h, *weights[0], counters[0], best)
         split = layer_tail_one(x, h, *weights[0], counters[0], dict(best, phases="split"))
@@ -181,8 +186,8 @@ def main() -> None:
         row["three_over_best"] = row["three_us"] / best_us
         result["shapes"][name] = row
         print(f"{name}: three {row['three_us']:.2f} us, split {row['split_us']:.2f}, one {row['one_us']:.2f}, "
-              f"best {best_us:.2f} ({row['three_over_best']:.2f}x) {best}; one==split {row['one_equals_split']}, "
-              f"vs three {row['one_vs_three_max_abs']:.3g}, counters zero {row['counters_zero']}", flush=True)
+              f"best {best_us:.2f} ({row['three_over_best']:.2f}x; split {row['best_split_us']:.2f}) {best}; "
+              f"one==split {row['one_equals_split']}, vs three {row['one_vs_three_max_abs']:.3g}, counters zero {row['counters_zero']}", flush=True)
         if args.out:
             with open(args.out, "w") as fh:
                 json.dump(result, fh, indent=1)

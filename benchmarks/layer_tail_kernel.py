@@ -7,8 +7,8 @@ kernel boundary costs inside a CUDA graph, so the one launch did not pay and the
     phase 1   act = silu(g) * u,  [g; u] = rms_norm(h2) W_gu^T       rows i and I + i of W_gu  (I outputs)
     phase 2   out = h2 + act W_d^T                                  rows of W_d               (H outputs)
 
-Layout: a persistent grid, one program per SM (all resident: a program spins at a barrier only while every other
-one runs). Each phase's row blocks go round-robin over the programs, each a GEMV tile loop along K rounding as
+Layout: a persistent grid, a few programs an SM (all resident at once: a program spins at a barrier only while every
+other one runs; ``resident_programs`` checks registers and shared memory). Each phase's row blocks go round-robin over the programs, each a GEMV tile loop along K rounding as
 ``decode_linear_triton``'s kernels do (its ``_store_outputs`` epilogue). A program done with phase p asks L2 for
 the first ``PREFETCH_COLS`` columns of its first row block of phase p + 1 (weights are no phase's output), then
 waits. Barrier: ``counter`` holds two int32 (arrivals, exits), zero between launches; a program arriving at its
@@ -25,7 +25,7 @@ import triton.language as tl
 from hf_specdec.kernels.decode_linear_triton import _store_outputs, decode_linear_triton
 
 DEFAULT = dict(block_n=(8, 8, 8), block_k=(512, 512, 512), num_stages=(3, 3, 3), num_warps=4, prefetch_cols=512,
-               phases="one")  # phases "split": three launches, no barrier
+               programs_per_sm=1, phases="one")  # phases "split": three launches, no barrier
 
 
 @triton.jit
@@ -143,20 +143,42 @@ def _layer_tail_kernel(attn_ptr, h_ptr, wo_ptr, bo_ptr, norm_ptr, wgu_ptr, bgu_p
 
 def layer_tail_one(attn, h, wo, nw, eps, wgu, wd, counter, cfg: dict) -> torch.Tensor:
     """The layer tail of one bf16 row (no biases) by the probe kernel: one launch (``cfg["phases"] == "one"``,
-    ``counter`` int32 ``(2,)`` zero and used by no concurrent launch) or three (``"split"``)."""
+    ``counter`` int32 ``(2,)`` zero and used by no concurrent launch) or three (``"split"``), over
+    ``cfg["programs_per_sm"]`` programs an SM at most as many as fit at once (``resident_programs``)."""
     H, K_attn = wo.shape
     I = wgu.shape[0] // 2
     h2, act, out = (torch.empty(n, dtype=attn.dtype, device=attn.device) for n in (H, I, H))
     x = attn.reshape(K_attn)
-    programs = torch.cuda.get_device_properties(attn.device).multi_processor_count
     (bn0, bn1, bn2), (bk0, bk1, bk2), (s0, s1, s2) = cfg["block_n"], cfg["block_k"], cfg["num_stages"]
     for first, last in ([(0, 2)] if cfg["phases"] == "one" else [(0, 0), (1, 1), (2, 2)]):
-        _layer_tail_kernel[(programs,)](
-            x, h.reshape(H), wo, x, nw, wgu, x, wd, x, h2, act, out, counter, H, K_attn, I, wo.stride(0),
-            wgu.stride(0), wd.stride(0), float(eps), HAS_BO=False, HAS_BGU=False, HAS_BD=False, FIRST=first,
-            LAST=last, BN0=bn0, BK0=bk0, S0=s0, BN1=bn1, BK1=bk1, S1=s1, BN2=bn2, BK2=bk2, S2=s2,
-            PREFETCH_COLS=cfg["prefetch_cols"], num_warps=cfg["num_warps"])
+        args = (x, h.reshape(H), wo, x, nw, wgu, x, wd, x, h2, act, out, counter, H, K_attn, I, wo.stride(0),
+                wgu.stride(0), wd.stride(0), float(eps))
+        flags = dict(HAS_BO=False, HAS_BGU=False, HAS_BD=False, FIRST=first, LAST=last, BN0=bn0, BK0=bk0, S0=s0,
+                     BN1=bn1, BK1=bk1, S1=s1, BN2=bn2, BK2=bk2, S2=s2, PREFETCH_COLS=cfg["prefetch_cols"],
+                     num_warps=cfg["num_warps"])
+        programs = resident_programs(_layer_tail_kernel, args, flags, attn.device, cfg.get("programs_per_sm", 1))
+        _layer_tail_kernel[(programs,)](*args, **flags)
     return out.reshape(h.shape)
+
+
+_RESIDENT: dict = {}
+
+
+def resident_programs(kernel, args, flags, device, per_sm: int) -> int:
+    """``per_sm`` programs an SM, fewer where the compiled kernel's registers or shared memory do not let that many
+    run at once (a program spinning at a barrier waits for every other: all must be resident)."""
+    key = (kernel, tuple(sorted(flags.items())), per_sm)
+    if key not in _RESIDENT:
+        compiled = kernel.warmup(*args, grid=(1,), **flags)
+        compiled._init_handles()  # loads the binary: its register count
+        props = torch.cuda.get_device_properties(device)
+        warps = flags["num_warps"]
+        regs_a_warp = -(-compiled.n_regs * 32 // 256) * 256
+        by_regs = props.regs_per_multiprocessor // (regs_a_warp * warps)
+        by_smem = props.shared_memory_per_multiprocessor // (compiled.metadata.shared + 1024)
+        by_threads = props.max_threads_per_multi_processor // (32 * warps)
+        _RESIDENT[key] = props.multi_processor_count * max(1, min(per_sm, by_regs, by_smem, by_threads, 32))
+    return _RESIDENT[key]
 
 
 def layer_tail_three(attn, h, wo, nw, eps, wgu, wd) -> torch.Tensor:
