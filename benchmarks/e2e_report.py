@@ -17,6 +17,7 @@ and for "fast k=K", with E = (1 - alpha^(k+1)) / (1 - alpha) from the measured a
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 
@@ -279,6 +280,12 @@ def head_lines(res):
 
 def summary_notes(report):
     res = report["results"]
+    pair = report.get("pair_summary") or {}
+    if pair.get("target_better") is False:  # evals/build_pair.py's own verdict on held-out text
+        losses = [(pair.get(m) or {}).get("heldout_loss") for m in ("target", "draft")]
+        yield (f"warning: this pair's target is no better than its draft on held-out text (held-out loss {losses[0]} "
+               f"against {losses[1]}, uniform {math.log(pair.get('vocab_size') or 1):.2f}): an undertrained pair, "
+               f"whose acceptance says nothing of a trained one; build it again with a longer --time-budget-s")
     notes = sorted({r["stage_note"] for r in res if r.get("stage_note")})
     for note in notes:
         yield f"note: {note}"

@@ -13,6 +13,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 import pytest  # noqa: E402
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks (this conftest loads before its plugin)
 def pytest_collection_modifyitems(items):
     """Every test of the tiny trained pair on one xdist worker (`--dist loadgroup`): the pair is built once a worker,
     and its build is the suite's longest fixture."""

@@ -115,6 +115,20 @@ def test_e2e_report_against_hf_fastest_pass():
     assert fast["speedup_vs_plain_compiled_fastest"] == pytest.approx(2075.6 * 1.159 / 512)
 
 
+def test_e2e_report_warns_of_an_undertrained_pair():
+    """build_pair's verdict that the target is no better than the draft (a budget spent before training: a 45-s pair
+    once read held-out loss 9.40 against a uniform 9.70, acceptance 0) is the summary's first note."""
+    sys.path.insert(0, REPO)
+    from benchmarks.e2e_report import summary_notes
+
+    report = {"results": [], "errors": [], "pair_summary": {
+        "target": {"heldout_loss": 9.40}, "draft": {"heldout_loss": 9.39}, "vocab_size": 16384, "target_better": False}}
+    notes = list(summary_notes(report))
+    assert notes[0].startswith("warning: this pair's target is no better") and "9.70" in notes[0]
+    report["pair_summary"]["target_better"] = True
+    assert not any(n.startswith("warning") for n in summary_notes(report))
+
+
 def _torchrun_eval(pair, out, *extra):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
