@@ -31,6 +31,7 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script from anywhere
 
+from benchmarks.decode_linear import graph_time_us as decode_linear_graph_time_us  # noqa: E402
 from benchmarks.layer_tail_kernel import (  # noqa: E402
     DEFAULT, _barriers_kernel, _store_kernel, layer_tail_one, layer_tail_three)
 
@@ -57,29 +58,9 @@ def layer_weights(H, K_attn, I, device, dtype=torch.bfloat16) -> list:
 
 
 def graph_time_us(fn, copies: int, calls: int) -> float:
-    """us per call of ``fn(i)`` over ``calls`` calls cycling through ``copies``, replayed in a CUDA graph (best of
-    five replays)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(copies):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(i % copies)
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(5):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) * 1000 / calls)
-    return best
+    """us per call of ``fn(i)`` over ``calls`` calls cycling through ``copies``, replayed in a CUDA graph
+    (``decode_linear.graph_time_us``)."""
+    return decode_linear_graph_time_us(lambda _, i: fn(i), list(range(copies)), None, calls)
 
 
 def fits(cfg: dict, H, K_attn, I) -> bool:

@@ -9,7 +9,8 @@ kernel boundary costs inside a CUDA graph, so the one launch did not pay and the
 
 Layout: a persistent grid, a few programs an SM (all resident at once: a program spins at a barrier only while every
 other one runs; ``resident_programs`` checks registers and shared memory). Each phase's row blocks go round-robin over the programs, each a GEMV tile loop along K rounding as
-``decode_linear_triton``'s kernels do (its ``_store_outputs`` epilogue). A program done with phase p asks L2 for
+``decode_linear_triton``'s kernels do (its prologue and epilogue helpers). The rows a phase reads were written by
+other programs before the barrier and never read by this one before it, so no stale L1 line can hold them. A program done with phase p asks L2 for
 the first ``PREFETCH_COLS`` columns of its first row block of phase p + 1 (weights are no phase's output), then
 waits. Barrier: ``counter`` holds two int32 (arrivals, exits), zero between launches; a program arriving at its
 n-th barrier adds one (release) and polls (acquire) until n x programs have arrived, as CUDA's cooperative grid sync
@@ -22,44 +23,11 @@ import torch
 import triton
 import triton.language as tl
 
-from hf_specdec.kernels.decode_linear_triton import _store_outputs, decode_linear_triton
+from hf_specdec.kernels.decode_linear_triton import (_input_tile, _rms_scale, _store_outputs, decode_linear_triton,
+                                                     tile_rows)
 
 DEFAULT = dict(block_n=(8, 8, 8), block_k=(512, 512, 512), num_stages=(3, 3, 3), num_warps=4, prefetch_cols=512,
                programs_per_sm=1, phases="one")  # phases "split": three launches, no barrier
-
-
-@triton.jit
-def _rms_scale_l2(x_ptr, K, eps, BLOCK_K: tl.constexpr):
-    """``1 / sqrt(mean(x^2) + eps)`` of a row another program wrote, read from L2."""
-    rk = tl.arange(0, BLOCK_K)
-    squares = tl.zeros((BLOCK_K,), tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        x = tl.load(x_ptr + k0 + rk, mask=rk < K - k0, other=0.0, cache_modifier=".cg").to(tl.float32)
-        squares += x * x
-    return 1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
-
-
-@triton.jit
-def _input_tile_l2(x_ptr, norm_ptr, k0, rk, K, scale, NORM: tl.constexpr):
-    """``decode_linear_triton._input_tile`` for a row another program wrote: read from L2."""
-    x = tl.load(x_ptr + k0 + rk, mask=rk < K - k0, other=0.0, cache_modifier=".cg")
-    if NORM:
-        nw = tl.load(norm_ptr + k0 + rk, mask=rk < K - k0, other=0.0).to(tl.float32)
-        x = ((x.to(tl.float32) * scale).to(x.dtype).to(tl.float32) * nw).to(x.dtype)
-    return x.to(tl.float32)
-
-
-@triton.jit
-def _block_rows(n0, N_OUT, GATED: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Outputs ``n`` and weight rows of the row block at ``n0``: GATED, gate row n and up row N_OUT + n side by side."""
-    if GATED:
-        i = tl.arange(0, 2 * BLOCK_N)
-        n = n0 + i // 2
-        rows = n + (i % 2) * N_OUT
-    else:
-        n = n0 + tl.arange(0, BLOCK_N)
-        rows = n
-    return n, rows
 
 
 @triton.jit
@@ -68,17 +36,17 @@ def _gemv_phase(x_ptr, w_ptr, bias_ptr, norm_ptr, res_ptr, y_ptr, N_OUT, K, stri
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr):
     """This program's row blocks of one GEMV: blocks pid, pid + P, ... of ``cdiv(N_OUT, BLOCK_N)``."""
     rk = tl.arange(0, BLOCK_K)
-    scale = _rms_scale_l2(x_ptr, K, eps, BLOCK_K) if NORM else 1.0
+    scale = _rms_scale(x_ptr, K, eps, BLOCK_K) if NORM else 1.0
     for blk in range(tl.program_id(0), tl.cdiv(N_OUT, BLOCK_N), tl.num_programs(0)):
         n0 = blk * BLOCK_N
-        n, rows = _block_rows(n0, N_OUT, GATED, BLOCK_N)
+        n, rows = tile_rows(n0, N_OUT, GATED, BLOCK_N)
         in_range = n < N_OUT
         w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_wn + rk[None, :]
         acc = tl.zeros((rows.shape[0], BLOCK_K), tl.float32)
         for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
             w = tl.load(w_rows + k0, mask=in_range[:, None] & (rk < K - k0)[None, :], other=0.0,
                         eviction_policy="evict_first")
-            acc += w.to(tl.float32) * _input_tile_l2(x_ptr, norm_ptr, k0, rk, K, scale, NORM)[None, :]
+            acc += w.to(tl.float32) * _input_tile(x_ptr, norm_ptr, k0, rk, K, scale, NORM)[None, :]
         _store_outputs(tl.sum(acc, axis=1), rows, in_range, bias_ptr, res_ptr, y_ptr, n0, N_OUT, HAS_BIAS, GATED,
                        RESIDUAL, BLOCK_N)
 
@@ -88,7 +56,7 @@ def _prefetch_first_block(w_ptr, N_OUT, K, stride_wn, GATED: tl.constexpr, BLOCK
                           COLS: tl.constexpr):
     """Ask L2 for the first ``COLS`` columns of this program's first row block (one request per 128-byte line of
     half-precision weights; nothing waits for them)."""
-    n, rows = _block_rows(tl.program_id(0) * BLOCK_N, N_OUT, GATED, BLOCK_N)
+    n, rows = tile_rows(tl.program_id(0) * BLOCK_N, N_OUT, GATED, BLOCK_N)
     lines = tl.arange(0, COLS // 64) * 64
     ok = (n < N_OUT)[:, None] & (lines < K)[None, :]
     ptrs = w_ptr + tl.where(ok, rows[:, None].to(tl.int64) * stride_wn + lines[None, :], 0)

@@ -135,18 +135,26 @@ def _store_outputs(y, rows, in_range, bias_ptr, res_ptr, y_ptr, n0, N_OUT, HAS_B
     tl.store(y_ptr + n, y.to(dtype), mask=n < N_OUT)
 
 
-@triton.jit(do_not_specialize=["N_OUT", "K"])
-def _gemv_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, res_ptr, y_ptr, N_OUT, K, stride_wn, eps,
-                 HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ONE_TILE: tl.constexpr, USE_PDL: tl.constexpr):
-    n0 = tl.program_id(0) * BLOCK_N
-    if GATED:  # 2 BLOCK_N weight rows: gate row n and up row N_OUT + n side by side for each output n
+@triton.jit
+def tile_rows(n0, N_OUT, GATED: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The outputs ``n`` and weight rows of the row block at ``n0``: GATED, 2 BLOCK_N rows, gate row n and up row
+    N_OUT + n side by side for each output n."""
+    if GATED:
         i = tl.arange(0, 2 * BLOCK_N)
         n = n0 + i // 2
         rows = n + (i % 2) * N_OUT
     else:
         n = n0 + tl.arange(0, BLOCK_N)
         rows = n
+    return n, rows
+
+
+@triton.jit(do_not_specialize=["N_OUT", "K"])
+def _gemv_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, res_ptr, y_ptr, N_OUT, K, stride_wn, eps,
+                 HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ONE_TILE: tl.constexpr, USE_PDL: tl.constexpr):
+    n0 = tl.program_id(0) * BLOCK_N
+    n, rows = tile_rows(n0, N_OUT, GATED, BLOCK_N)
     in_range = n < N_OUT
     rk = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wn + rk[None, :]
