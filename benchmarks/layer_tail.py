@@ -1,14 +1,14 @@
 """A probe: a decoder layer after its attention at b = 1 in one launch (``layer_tail_kernel.py``: o_proj + residual,
 RMSNorm + gate/up + SiLU·up, down_proj + residual, joined by grid barriers) against the three GEMV launches the
 one-token layers run (``decode_linear_triton``, the table's launches); and what a grid barrier costs against a
-kernel boundary inside a CUDA graph (``--sync-probe``). The result (docs/kernels.md): no gain, so the runner keeps
+kernel boundary inside a CUDA graph (``--sync-probe``). The result (docs/real_sizes.md): no gain, so the runner keeps
 the three launches.
 
 For each shape, one row, inside one CUDA graph of ``--calls`` layer tails rotating over enough weight copies that no
 launch finds its weights in L2 (as in a model, where every layer has its own): us per layer tail for
 
     three   the three fused GEMV launches (the table's: TMA, one-tile or cuBLAS per weight)
-    split   the kernel's three phases as three launches, no barrier (what the interpreter runs)
+    split   the kernel's three phases as three launches, no barrier
     one     the one launch, the default knobs; with --sweep, the best of a coordinate search over the knobs
 
 and checks that one launch gives the split launches' output bit for bit, how far it is from the three launches'
@@ -168,7 +168,8 @@ def main() -> None:
         result["shapes"][name] = row
         print(f"{name}: three {row['three_us']:.2f} us, split {row['split_us']:.2f}, one {row['one_us']:.2f}, "
               f"best {best_us:.2f} ({row['three_over_best']:.2f}x; split {row['best_split_us']:.2f}) {best}; "
-              f"one==split {row['one_equals_split']}, vs three {row['one_vs_three_max_abs']:.3g}, counters zero {row['counters_zero']}", flush=True)
+              f"one==split {row['one_equals_split']}, vs three {row['one_vs_three_max_abs']:.3g}, "
+              f"counters zero {row['counters_zero']}", flush=True)
         if args.out:
             with open(args.out, "w") as fh:
                 json.dump(result, fh, indent=1)

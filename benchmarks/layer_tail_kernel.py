@@ -1,6 +1,6 @@
 """A probe (not used by the runner): a decoder layer after its attention at one token in one launch, its three GEMVs
 joined by grid-wide barriers; ``benchmarks/layer_tail.py`` times it against the three launches the one-token
-layers run (``runner/one_token_layers.py``). docs/kernels.md has the result: a grid barrier costs about what a
+layers run (``runner/one_token_layers.py``). docs/real_sizes.md has the result: a grid barrier costs about what a
 kernel boundary costs inside a CUDA graph, so the one launch did not pay and the runner does not use it.
 
     phase 0   h2  = h + attn W_o^T                                  rows of W_o               (H outputs)
@@ -8,14 +8,15 @@ kernel boundary costs inside a CUDA graph, so the one launch did not pay and the
     phase 2   out = h2 + act W_d^T                                  rows of W_d               (H outputs)
 
 Layout: a persistent grid, a few programs an SM (all resident at once: a program spins at a barrier only while every
-other one runs; ``resident_programs`` checks registers and shared memory). Each phase's row blocks go round-robin over the programs, each a GEMV tile loop along K rounding as
-``decode_linear_triton``'s kernels do (its prologue and epilogue helpers). The rows a phase reads were written by
-other programs before the barrier and never read by this one before it, so no stale L1 line can hold them. A program done with phase p asks L2 for
-the first ``PREFETCH_COLS`` columns of its first row block of phase p + 1 (weights are no phase's output), then
-waits. Barrier: ``counter`` holds two int32 (arrivals, exits), zero between launches; a program arriving at its
-n-th barrier adds one (release) and polls (acquire) until n x programs have arrived, as CUDA's cooperative grid sync
-does; the last program out sets both back to zero. ``FIRST``/``LAST`` run some phases only: the phases as three
-launches of the same code, no barrier ("split").
+other one runs; ``resident_programs`` checks registers and shared memory). Each phase's row blocks go round-robin over
+the programs, each a GEMV tile loop along K rounding as ``decode_linear_triton``'s kernels do (its prologue and
+epilogue helpers). The rows a phase reads were written by other programs before the barrier and never read by this
+one before it, so no stale L1 line can hold them. A program done with phase p asks L2 for the first
+``PREFETCH_COLS`` columns of its first row block of phase p + 1 (weights are no phase's output), then waits.
+Barrier: ``counter`` holds two int32 (arrivals, exits), zero between launches; a program arriving at its n-th barrier
+adds one (release) and polls (acquire) until n x programs have arrived, as CUDA's cooperative grid sync does; the
+last program out sets both back to zero. ``FIRST``/``LAST`` run some phases only: the phases as three launches of
+the same code, no barrier ("split").
 """
 from __future__ import annotations
 
