@@ -21,7 +21,6 @@ stores a word a program, each in a graph: us a barrier, us a launch.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -32,6 +31,7 @@ import triton
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script from anywhere
 
 from benchmarks.decode_linear import graph_time_us as decode_linear_graph_time_us  # noqa: E402
+from benchmarks.decode_linear import save_shapes_so_far  # noqa: E402
 from benchmarks.layer_tail_kernel import (  # noqa: E402
     DEFAULT, _barriers_kernel, _store_kernel, layer_tail_one, layer_tail_three)
 
@@ -121,7 +121,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="1b,8b,pair,pair_draft,narrow")
     ap.add_argument("--calls", type=int, default=24, help="layer tails a graph")
-    ap.add_argument("--sweep", action="store_true", help="search the one launch's knobs (a pass a shape)")
+    ap.add_argument("--sweep", action="store_true", help="search the one launch's knobs (until --budget-s)")
     ap.add_argument("--budget-s", type=float, default=90.0, help="search time a shape at most")
     ap.add_argument("--sync-probe", action="store_true", help="also a grid barrier against a launch boundary")
     ap.add_argument("--rounds", type=int, default=32, help="barriers (launches) a graph call of the sync probe")
@@ -134,9 +134,7 @@ def main() -> None:
     if args.sync_probe:
         result["sync"] = sync_probe(device, args.rounds)
         print(f"sync: {result['sync']}", flush=True)
-        if args.out:
-            with open(args.out, "w") as fh:
-                json.dump(result, fh, indent=1)
+        save_shapes_so_far(result, args.out)
     for name in filter(None, args.shapes.split(",")):
         H, K_attn, I = SHAPES[name]
         weights = layer_weights(H, K_attn, I, device)
@@ -170,9 +168,7 @@ def main() -> None:
               f"best {best_us:.2f} ({row['three_over_best']:.2f}x; split {row['best_split_us']:.2f}) {best}; "
               f"one==split {row['one_equals_split']}, vs three {row['one_vs_three_max_abs']:.3g}, "
               f"counters zero {row['counters_zero']}", flush=True)
-        if args.out:
-            with open(args.out, "w") as fh:
-                json.dump(result, fh, indent=1)
+        save_shapes_so_far(result, args.out)
         del weights, counters
         torch.cuda.empty_cache()
 

@@ -32,10 +32,10 @@ DEFAULT = dict(block_n=(8, 8, 8), block_k=(512, 512, 512), num_stages=(3, 3, 3),
 
 
 @triton.jit
-def _gemv_phase(x_ptr, w_ptr, bias_ptr, norm_ptr, res_ptr, y_ptr, N_OUT, K, stride_wn, eps,
-                HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr):
-    """This program's row blocks of one GEMV: blocks pid, pid + P, ... of ``cdiv(N_OUT, BLOCK_N)``."""
+def _gemv_phase(x_ptr, w_ptr, norm_ptr, res_ptr, y_ptr, N_OUT, K, stride_wn, eps, NORM: tl.constexpr,
+                GATED: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                NUM_STAGES: tl.constexpr):
+    """This program's row blocks of one GEMV (no bias): blocks pid, pid + P, ... of ``cdiv(N_OUT, BLOCK_N)``."""
     rk = tl.arange(0, BLOCK_K)
     scale = _rms_scale(x_ptr, K, eps, BLOCK_K) if NORM else 1.0
     for blk in range(tl.program_id(0), tl.cdiv(N_OUT, BLOCK_N), tl.num_programs(0)):
@@ -48,7 +48,7 @@ def _gemv_phase(x_ptr, w_ptr, bias_ptr, norm_ptr, res_ptr, y_ptr, N_OUT, K, stri
             w = tl.load(w_rows + k0, mask=in_range[:, None] & (rk < K - k0)[None, :], other=0.0,
                         eviction_policy="evict_first")
             acc += w.to(tl.float32) * _input_tile(x_ptr, norm_ptr, k0, rk, K, scale, NORM)[None, :]
-        _store_outputs(tl.sum(acc, axis=1), rows, in_range, bias_ptr, res_ptr, y_ptr, n0, N_OUT, HAS_BIAS, GATED,
+        _store_outputs(tl.sum(acc, axis=1), rows, in_range, x_ptr, res_ptr, y_ptr, n0, N_OUT, False, GATED,
                        RESIDUAL, BLOCK_N)
 
 
@@ -77,37 +77,41 @@ def _grid_barrier(counter_ptr, expected):
     tl.debug_barrier()
 
 
+@triton.jit
+def _leave_counter_zero(counter_ptr, P):
+    """Count this program out; the last of the ``P`` sets both words back to zero, as the launch found them."""
+    gone = tl.atomic_add(counter_ptr + 1, 1, sem="acq_rel", scope="gpu")
+    if gone == P - 1:
+        tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(counter_ptr + 1, 0, sem="relaxed", scope="gpu")
+
+
 @triton.jit(do_not_specialize=["H", "K_ATTN", "I"])
-def _layer_tail_kernel(attn_ptr, h_ptr, wo_ptr, bo_ptr, norm_ptr, wgu_ptr, bgu_ptr, wd_ptr, bd_ptr,
-                       h2_ptr, act_ptr, out_ptr, counter_ptr, H, K_ATTN, I, stride_wo, stride_wgu, stride_wd, eps,
-                       HAS_BO: tl.constexpr, HAS_BGU: tl.constexpr, HAS_BD: tl.constexpr,
-                       FIRST: tl.constexpr, LAST: tl.constexpr,
+def _layer_tail_kernel(attn_ptr, h_ptr, wo_ptr, norm_ptr, wgu_ptr, wd_ptr, h2_ptr, act_ptr, out_ptr, counter_ptr,
+                       H, K_ATTN, I, stride_wo, stride_wgu, stride_wd, eps, FIRST: tl.constexpr, LAST: tl.constexpr,
                        BN0: tl.constexpr, BK0: tl.constexpr, S0: tl.constexpr,
                        BN1: tl.constexpr, BK1: tl.constexpr, S1: tl.constexpr,
                        BN2: tl.constexpr, BK2: tl.constexpr, S2: tl.constexpr, PREFETCH_COLS: tl.constexpr):
     P = tl.num_programs(0)
     if FIRST == 0:
-        _gemv_phase(attn_ptr, wo_ptr, bo_ptr, attn_ptr, h_ptr, h2_ptr, H, K_ATTN, stride_wo, eps,
-                    HAS_BO, False, False, True, BN0, BK0, S0)
+        _gemv_phase(attn_ptr, wo_ptr, attn_ptr, h_ptr, h2_ptr, H, K_ATTN, stride_wo, eps, False, False, True,
+                    BN0, BK0, S0)
         if LAST >= 1:
             if PREFETCH_COLS > 0:
                 _prefetch_first_block(wgu_ptr, I, H, stride_wgu, True, BN1, PREFETCH_COLS)
             _grid_barrier(counter_ptr, P)
     if FIRST <= 1 and LAST >= 1:
-        _gemv_phase(h2_ptr, wgu_ptr, bgu_ptr, norm_ptr, h2_ptr, act_ptr, I, H, stride_wgu, eps,
-                    HAS_BGU, True, True, False, BN1, BK1, S1)
+        _gemv_phase(h2_ptr, wgu_ptr, norm_ptr, h2_ptr, act_ptr, I, H, stride_wgu, eps, True, True, False,
+                    BN1, BK1, S1)
         if LAST >= 2:
             if PREFETCH_COLS > 0:
                 _prefetch_first_block(wd_ptr, H, I, stride_wd, False, BN2, PREFETCH_COLS)
             _grid_barrier(counter_ptr, (2 - FIRST) * P)
     if LAST >= 2:
-        _gemv_phase(act_ptr, wd_ptr, bd_ptr, act_ptr, h2_ptr, out_ptr, H, I, stride_wd, eps,
-                    HAS_BD, False, False, True, BN2, BK2, S2)
-    if LAST > FIRST:  # the last program out leaves the counter as the launch found it
-        gone = tl.atomic_add(counter_ptr + 1, 1, sem="acq_rel", scope="gpu")
-        if gone == P - 1:
-            tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
-            tl.atomic_xchg(counter_ptr + 1, 0, sem="relaxed", scope="gpu")
+        _gemv_phase(act_ptr, wd_ptr, act_ptr, h2_ptr, out_ptr, H, I, stride_wd, eps, False, False, True,
+                    BN2, BK2, S2)
+    if LAST > FIRST:
+        _leave_counter_zero(counter_ptr, P)
 
 
 def layer_tail_one(attn, h, wo, nw, eps, wgu, wd, counter, cfg: dict) -> torch.Tensor:
@@ -119,12 +123,11 @@ def layer_tail_one(attn, h, wo, nw, eps, wgu, wd, counter, cfg: dict) -> torch.T
     h2, act, out = (torch.empty(n, dtype=attn.dtype, device=attn.device) for n in (H, I, H))
     x = attn.reshape(K_attn)
     (bn0, bn1, bn2), (bk0, bk1, bk2), (s0, s1, s2) = cfg["block_n"], cfg["block_k"], cfg["num_stages"]
+    args = (x, h.reshape(H), wo, nw, wgu, wd, h2, act, out, counter, H, K_attn, I, wo.stride(0), wgu.stride(0),
+            wd.stride(0), float(eps))
     for first, last in ([(0, 2)] if cfg["phases"] == "one" else [(0, 0), (1, 1), (2, 2)]):
-        args = (x, h.reshape(H), wo, x, nw, wgu, x, wd, x, h2, act, out, counter, H, K_attn, I, wo.stride(0),
-                wgu.stride(0), wd.stride(0), float(eps))
-        flags = dict(HAS_BO=False, HAS_BGU=False, HAS_BD=False, FIRST=first, LAST=last, BN0=bn0, BK0=bk0, S0=s0,
-                     BN1=bn1, BK1=bk1, S1=s1, BN2=bn2, BK2=bk2, S2=s2, PREFETCH_COLS=cfg["prefetch_cols"],
-                     num_warps=cfg["num_warps"])
+        flags = dict(FIRST=first, LAST=last, BN0=bn0, BK0=bk0, S0=s0, BN1=bn1, BK1=bk1, S1=s1, BN2=bn2, BK2=bk2,
+                     S2=s2, PREFETCH_COLS=cfg["prefetch_cols"], num_warps=cfg["num_warps"])
         programs = resident_programs(_layer_tail_kernel, args, flags, attn.device, cfg.get("programs_per_sm", 1))
         _layer_tail_kernel[(programs,)](*args, **flags)
     return out.reshape(h.shape)
@@ -164,10 +167,7 @@ def _barriers_kernel(counter_ptr, buf_ptr, ROUNDS: tl.constexpr):
     for r in tl.static_range(ROUNDS):
         tl.store(buf_ptr + tl.program_id(0), r)
         _grid_barrier(counter_ptr, (r + 1) * P)
-    gone = tl.atomic_add(counter_ptr + 1, 1, sem="acq_rel", scope="gpu")
-    if gone == P - 1:
-        tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
-        tl.atomic_xchg(counter_ptr + 1, 0, sem="relaxed", scope="gpu")
+    _leave_counter_zero(counter_ptr, P)
 
 
 @triton.jit
