@@ -63,11 +63,11 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
 @contextlib.contextmanager
 def _after_background_tracing():
     """A plain call runs holding ``CAPTURE_LOCK``, as hf_specdec's own work in another thread does: a background
-    compilation traces with torch's tracer, which patches ``nn.Module.__call__`` for the whole process meanwhile, and
-    a plain forward then failed with torch.fx's "module is not installed as a submodule" (and a plain call's own
-    compilation would break ours the same way). The compilation may take the lock any time after a speculative call
-    returned (its first phase runs in a separate process), so the lock is held for the whole call, not only checked
-    at its start; plain calls of several threads therefore run one after another."""
+    compilation traces with torch's tracer, whose tracing flag is process-wide (Hugging Face's compiled plain
+    ``generate()`` refuses to run while it is set, and its own compilation can break ours); torch.fx's patches of
+    ``nn.Module`` no longer matter (``runner/thread_scoped_tracing.py``). The compilation may take the lock any time
+    after a speculative call returned (its first phase runs in a separate process), so the lock is held for the whole
+    call, not only checked at its start; plain calls of several threads therefore run one after another."""
     if not CAPTURE_LOCK.acquire(blocking=False):
         warnings.warn("hf_specdec: this generate() without spec_config waits for the compilation, CUDA graph capture "
                       "or plain generate() that another thread runs under hf_specdec's lock; SpecConfig(compile=True) "

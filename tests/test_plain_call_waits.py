@@ -1,7 +1,7 @@
 """A plain ``generate()`` of an enabled model (no ``spec_config``) waits while hf_specdec works under
-``CAPTURE_LOCK`` in another thread: a background compilation traces with torch's tracer, which patches
-``nn.Module.__call__`` for the whole process, and a plain forward meanwhile failed on an H200 with torch.fx's
-"module is not installed as a submodule". The wait says why; a call that finds the lock free says nothing."""
+``CAPTURE_LOCK`` in another thread: a background compilation traces with torch's tracer, whose tracing flag is
+process-wide (a compiled plain call refuses to run while it is set), and captures CUDA graphs. The wait says why; a
+call that finds the lock free says nothing."""
 import threading
 import warnings
 

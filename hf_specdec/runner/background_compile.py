@@ -13,7 +13,9 @@ calls made meanwhile run on graphs of the uncompiled models. The thread:
    synchronisation (autotuning benchmarks do that);
 2. then, holding ``graphs.CAPTURE_LOCK`` (no capture runs meanwhile), compiles the real model here
    (``compiled_regions.compile_model``: Dynamo traces one layer, Inductor finds its code in the caches)
-   and runs it once per shape family on a scratch paged cache and a stream of its own.
+   and runs it once per shape family on a scratch paged cache and a stream of its own; torch.fx's patches of
+   ``nn.Module`` act in this thread only meanwhile (``thread_scoped_tracing.py``), so the user's other forwards
+   run.
 
 The first call after that captures its graphs over the compiled code (a capture, not a compilation).
 ``SpecConfig(compile=True)`` waits for it instead, as ``hf_specdec.warmup`` does. A failure never reaches a
@@ -44,6 +46,7 @@ from .compiled_regions import compile_model
 from .graphs import CAPTURE_LOCK
 from .paged_model import PagedModel
 from .runner_slots import module_signature
+from .thread_scoped_tracing import tracing_patches_in_own_thread
 
 # (rows, tokens a row, last logits only, layout) as the runner's rounds call a model (round/fixed_round.py): the
 # token ids and positions are views of (rows, tokens) tables ("table": a verify, a draft's first step, a catch-up
@@ -149,7 +152,7 @@ class BackgroundCompile:
                                   f"({self.prewarm_error}); it compiles in this one instead, and a call that needs a "
                                   "new CUDA graph meanwhile waits for it.", RuntimeWarning, stacklevel=2)
             interval = sys.getswitchinterval()
-            with CAPTURE_LOCK:
+            with CAPTURE_LOCK, tracing_patches_in_own_thread():
                 sys.setswitchinterval(min(interval, _SWITCH_INTERVAL))  # Dynamo's tracing holds the GIL for long
                 try:
                     self.disk.load(self.key)

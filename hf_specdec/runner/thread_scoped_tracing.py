@@ -1,0 +1,87 @@
+"""torch.fx's patches as seen by the thread that traces only, while the background compilation runs.
+
+``torch.fx.Tracer.trace`` (under Inductor's code generation, ``make_fx``) replaces ``nn.Module.__call__`` and
+``__getattr__`` on the class, and some functions in module globals, for the whole process until it returns. A
+forward that another thread runs meanwhile goes through the tracer's wrapper: a module outside the traced root
+then fails with ``NameError: module is not installed as a submodule`` (seen on an H200: a plain ``generate()``
+beside the background compilation; ``tests/test_thread_scoped_tracing.py`` reproduces it on the CPU). While
+``tracing_patches_in_own_thread()`` is held, each patch torch makes is a function that runs the tracer's wrapper in
+the thread that made it and the original in any other thread. It wraps ``_Patcher.patch`` / ``patch_method``,
+torch's own private helpers: a torch without them is left alone (the forwards of other threads are then exposed
+as before). Not covered: ``torch.fx``'s process-wide tracing flag, which makes a function compiled with
+``torch.compile`` refuse to run in another thread while a trace is under way (for an enabled model's plain
+``generate()``, ``enable.py`` waits for the compilation instead).
+"""
+from __future__ import annotations
+
+import builtins
+import contextlib
+import functools
+import threading
+from typing import Any, Callable, Iterator
+
+_LOCK = threading.Lock()
+_HOLDERS = 0
+_ORIGINALS: dict = {}
+
+
+def _patcher_class():
+    try:
+        from torch.fx._symbolic_trace import _Patcher
+    except ImportError:  # pragma: no cover  (a torch without it: nothing to scope)
+        return None
+    return _Patcher if all(callable(getattr(_Patcher, n, None)) for n in ("patch", "patch_method")) else None
+
+
+def _for_owner_only(new_fn: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    """``new_fn`` in the thread that makes the patch, ``original`` in every other one."""
+    owner = threading.get_ident()
+
+    @functools.wraps(new_fn)
+    def dispatch(*args, **kwargs):
+        return (new_fn if threading.get_ident() == owner else original)(*args, **kwargs)
+
+    return dispatch
+
+
+def _scoped_patch(patch):
+    @functools.wraps(patch)
+    def scoped(self, frame_dict, name, new_fn, deduplicate=True):
+        original = frame_dict[name] if name in frame_dict else getattr(builtins, name, None)
+        if original is not None:
+            new_fn = _for_owner_only(new_fn, original)
+        return patch(self, frame_dict, name, new_fn, deduplicate)
+
+    return scoped
+
+
+def _scoped_patch_method(patch_method):
+    @functools.wraps(patch_method)
+    def scoped(self, cls, name, new_fn, deduplicate=True):
+        return patch_method(self, cls, name, _for_owner_only(new_fn, getattr(cls, name)), deduplicate)
+
+    return scoped
+
+
+@contextlib.contextmanager
+def tracing_patches_in_own_thread() -> Iterator[bool]:
+    """Scope torch.fx's patches to the thread that makes them while held (nested and concurrent holders share one
+    installation). Yields whether it could (False: this torch has no ``_Patcher`` to wrap)."""
+    global _HOLDERS
+    patcher = _patcher_class()
+    if patcher is None:
+        yield False
+        return
+    with _LOCK:
+        if _HOLDERS == 0:
+            _ORIGINALS.update(patch=patcher.patch, patch_method=patcher.patch_method)
+            patcher.patch = _scoped_patch(_ORIGINALS["patch"])
+            patcher.patch_method = _scoped_patch_method(_ORIGINALS["patch_method"])
+        _HOLDERS += 1
+    try:
+        yield True
+    finally:
+        with _LOCK:
+            _HOLDERS -= 1
+            if _HOLDERS == 0:
+                patcher.patch, patcher.patch_method = _ORIGINALS.pop("patch"), _ORIGINALS.pop("patch_method")
