@@ -63,9 +63,9 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
 @contextlib.contextmanager
 def _after_background_tracing():
     """A plain call runs holding ``CAPTURE_LOCK``, as hf_specdec's own work in another thread does: a background
-    compilation traces with torch's tracer, whose tracing flag is process-wide (Hugging Face's compiled plain
-    ``generate()`` refuses to run while it is set, and its own compilation can break ours); torch.fx's patches of
-    ``nn.Module`` no longer matter (``runner/thread_scoped_tracing.py``). The compilation may take the lock any time
+    compilation traces and captures, and Hugging Face's compiled plain ``generate()`` compiling and replaying its own
+    graphs meanwhile can break both (torch.fx's patches and tracing flag alone no longer matter:
+    ``runner/thread_scoped_tracing.py``). The compilation may take the lock any time
     after a speculative call returned (its first phase runs in a separate process), so the lock is held for the whole
     call, not only checked at its start; plain calls of several threads therefore run one after another."""
     if not CAPTURE_LOCK.acquire(blocking=False):

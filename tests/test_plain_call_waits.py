@@ -1,6 +1,6 @@
 """A plain ``generate()`` of an enabled model (no ``spec_config``) waits while hf_specdec works under
-``CAPTURE_LOCK`` in another thread: a background compilation traces with torch's tracer, whose tracing flag is
-process-wide (a compiled plain call refuses to run while it is set), and captures CUDA graphs. The wait says why; a
+``CAPTURE_LOCK`` in another thread: a background compilation traces and captures CUDA graphs, which a compiled
+plain call's own compilation and graphs can break. The wait says why; a
 call that finds the lock free says nothing."""
 import threading
 import warnings

@@ -1,6 +1,7 @@
 """torch.fx patches ``nn.Module.__call__`` for the whole process while it traces: another thread's forward then
-fails with "module is not installed as a submodule" (an H200 run, beside the background compilation). Under
-``tracing_patches_in_own_thread`` the patches act in the tracing thread only, and the trace is unchanged."""
+fails with "module is not installed as a submodule" (an H200 run, beside the background compilation), and a
+function compiled with torch.compile refuses to run. Under ``tracing_patches_in_own_thread`` both run, the patches
+act in the tracing thread only, and the trace is unchanged."""
 import math
 import threading
 
@@ -26,9 +27,9 @@ class _TracedWhileOthersRun(torch.nn.Module):
         return y * math.sqrt(y.shape[-1])
 
 
-def _forward_during_a_trace(scoped: bool):
-    """Runs a Linear and a tiny Llama in this thread while another thread traces; returns (error or None, the
-    traced graph's node ops)."""
+def _forward_during_a_trace(scoped: bool, compiled: bool = False):
+    """Runs a Linear and a tiny Llama (or with ``compiled``, a function compiled with torch.compile) in this thread
+    while another thread traces; returns (error or None, the traced graph's node ops)."""
     from models import make_model
 
     inside, done, traced = threading.Event(), threading.Event(), {}
@@ -36,6 +37,7 @@ def _forward_during_a_trace(scoped: bool):
     other, model = torch.nn.Linear(4, 3), make_model("llama", seed=1)
     x, ids = torch.randn(2, 4), torch.tensor([[1, 5, 7]])
     want_linear, want_logits = other(x), model(ids).logits
+    sine = torch.compile(lambda t: t.sin() + 1, backend="eager")
 
     def trace():
         traced["graph"] = torch.fx.symbolic_trace(_TracedWhileOthersRun(inside, done))
@@ -43,10 +45,13 @@ def _forward_during_a_trace(scoped: bool):
     def run():
         try:
             assert inside.wait(30)
+            if compiled:
+                assert torch.equal(sine(x), x.sin() + 1)
+                return None
             assert torch.equal(other(x), want_linear)
             assert torch.equal(model(ids).logits, want_logits)
             return None
-        except NameError as exc:
+        except (NameError, RuntimeError) as exc:
             return exc
         finally:
             done.set()
@@ -80,13 +85,26 @@ def test_another_threads_forward_runs_during_a_scoped_trace_and_the_trace_is_unc
     assert ("call_module", "proj") in nodes  # the tracer's own __call__ wrapper ran in its thread
 
 
+def test_a_compiled_function_of_another_thread_runs_during_a_scoped_trace_only():
+    error, _ = _forward_during_a_trace(scoped=False, compiled=True)
+    assert isinstance(error, RuntimeError) and "symbolically trace a dynamo-optimized function" in str(error)
+    error, _ = _forward_during_a_trace(scoped=True, compiled=True)
+    assert error is None
+
+
 def test_the_patchers_methods_come_back_after_every_holder_left():
+    import torch._dynamo.config as dynamo_config
+
     patch, patch_method = _Patcher.patch, _Patcher.patch_method
+    force = dynamo_config.force_compile_during_fx_trace
     with tracing_patches_in_own_thread():
         with tracing_patches_in_own_thread():
             assert _Patcher.patch is not patch and _Patcher.patch_method is not patch_method
+            assert dynamo_config.force_compile_during_fx_trace
         assert _Patcher.patch is not patch  # the outer holder still holds
+        assert dynamo_config.force_compile_during_fx_trace
     assert _Patcher.patch is patch and _Patcher.patch_method is patch_method
+    assert dynamo_config.force_compile_during_fx_trace == force
     with pytest.raises(RuntimeError):
         with tracing_patches_in_own_thread():
             raise RuntimeError("inside")

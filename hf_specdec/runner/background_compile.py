@@ -15,7 +15,7 @@ calls made meanwhile run on graphs of the uncompiled models. The thread:
    (``compiled_regions.compile_model``: Dynamo traces one layer, Inductor finds its code in the caches)
    and runs it once per shape family on a scratch paged cache and a stream of its own; torch.fx's patches of
    ``nn.Module`` act in this thread only meanwhile (``thread_scoped_tracing.py``), so the user's other forwards
-   run.
+   and compiled functions run.
 
 The first call after that captures its graphs over the compiled code (a capture, not a compilation).
 ``SpecConfig(compile=True)`` waits for it instead, as ``hf_specdec.warmup`` does. A failure never reaches a

@@ -1,16 +1,17 @@
-"""torch.fx's patches as seen by the thread that traces only, while the background compilation runs.
+"""torch.fx's tracing as seen by the thread that traces only, while the background compilation runs.
 
 ``torch.fx.Tracer.trace`` (under Inductor's code generation, ``make_fx``) replaces ``nn.Module.__call__`` and
 ``__getattr__`` on the class, and some functions in module globals, for the whole process until it returns. A
 forward that another thread runs meanwhile goes through the tracer's wrapper: a module outside the traced root
 then fails with ``NameError: module is not installed as a submodule`` (seen on an H200: a plain ``generate()``
-beside the background compilation; ``tests/test_thread_scoped_tracing.py`` reproduces it on the CPU). While
-``tracing_patches_in_own_thread()`` is held, each patch torch makes is a function that runs the tracer's wrapper in
-the thread that made it and the original in any other thread. It wraps ``_Patcher.patch`` / ``patch_method``,
-torch's own private helpers: a torch without them is left alone (the forwards of other threads are then exposed
-as before). Not covered: ``torch.fx``'s process-wide tracing flag, which makes a function compiled with
-``torch.compile`` refuse to run in another thread while a trace is under way (for an enabled model's plain
-``generate()``, ``enable.py`` waits for the compilation instead).
+beside the background compilation). It also sets a process-wide flag that makes any function compiled with
+``torch.compile`` refuse to run ("Detected that you are using FX to symbolically trace a dynamo-optimized
+function"). While ``tracing_patches_in_own_thread()`` is held, each patch torch makes is a function that runs the
+tracer's wrapper in the thread that made it and the original in any other thread, and Dynamo's
+``force_compile_during_fx_trace`` is on, so compiled functions of other threads run (the compiling thread's own
+traces call none). It wraps ``_Patcher.patch`` / ``patch_method``, torch's own private helpers: a torch without them
+is left alone (other threads' forwards are then exposed as before). ``tests/test_thread_scoped_tracing.py``
+reproduces both failures on the CPU.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from typing import Any, Callable, Iterator
 _LOCK = threading.Lock()
 _HOLDERS = 0
 _ORIGINALS: dict = {}
+_FORCE = "force_compile_during_fx_trace"  # torch._dynamo.config: compiled functions run while fx traces
 
 
 def _patcher_class():
@@ -31,6 +33,12 @@ def _patcher_class():
     except ImportError:  # pragma: no cover  (a torch without it: nothing to scope)
         return None
     return _Patcher if all(callable(getattr(_Patcher, n, None)) for n in ("patch", "patch_method")) else None
+
+
+def _dynamo_config():
+    import torch._dynamo.config as dynamo_config
+
+    return dynamo_config if hasattr(dynamo_config, _FORCE) else None
 
 
 def _for_owner_only(new_fn: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
@@ -65,8 +73,9 @@ def _scoped_patch_method(patch_method):
 
 @contextlib.contextmanager
 def tracing_patches_in_own_thread() -> Iterator[bool]:
-    """Scope torch.fx's patches to the thread that makes them while held (nested and concurrent holders share one
-    installation). Yields whether it could (False: this torch has no ``_Patcher`` to wrap)."""
+    """Scope torch.fx's patches to the thread that makes them, and let other threads' compiled functions run, while
+    held (nested and concurrent holders share one installation). Yields whether it could (False: this torch has no
+    ``_Patcher`` to wrap)."""
     global _HOLDERS
     patcher = _patcher_class()
     if patcher is None:
@@ -77,6 +86,10 @@ def tracing_patches_in_own_thread() -> Iterator[bool]:
             _ORIGINALS.update(patch=patcher.patch, patch_method=patcher.patch_method)
             patcher.patch = _scoped_patch(_ORIGINALS["patch"])
             patcher.patch_method = _scoped_patch_method(_ORIGINALS["patch_method"])
+            dynamo_config = _dynamo_config()
+            if dynamo_config is not None:
+                _ORIGINALS[_FORCE] = getattr(dynamo_config, _FORCE)
+                setattr(dynamo_config, _FORCE, True)
         _HOLDERS += 1
     try:
         yield True
@@ -85,3 +98,5 @@ def tracing_patches_in_own_thread() -> Iterator[bool]:
             _HOLDERS -= 1
             if _HOLDERS == 0:
                 patcher.patch, patcher.patch_method = _ORIGINALS.pop("patch"), _ORIGINALS.pop("patch_method")
+                if _FORCE in _ORIGINALS:
+                    setattr(_dynamo_config(), _FORCE, _ORIGINALS.pop(_FORCE))
