@@ -54,6 +54,25 @@ def test_beam_search_refused(target):
         run(target, make_draft(target, "full"), num_beams=2)
 
 
+@pytest.mark.parametrize("settings,names", [
+    (dict(penalty_alpha=0.6, top_k=4), r"penalty_alpha=0\.6, top_k=4 asks transformers for contrastive_search"),
+    (dict(dola_layers="low"), r"dola_layers='low' asks transformers for dola_generation"),
+    (dict(force_words_ids=[[5]]), r"force_words_ids=\[\[5\]\].*constrained_beam_search"),
+])
+def test_other_decoding_modes_refused_by_the_setting_that_asks_for_them(target, settings, names):
+    """Plain generate() would run (or fetch from the hub) another decoding for these; greedy output is not it."""
+    with pytest.raises(ValueError, match=names):
+        run(target, make_draft(target, "full"), do_sample=False, **settings)
+
+
+@pytest.mark.parametrize("name", ["output_attentions", "output_hidden_states"])
+def test_per_step_attentions_and_hidden_states_refused_not_dropped(target, name):
+    with pytest.raises(ValueError, match=f"{name}=True"):
+        run(target, make_draft(target, "full"), return_dict_in_generate=True, **{name: True})
+    out = run(target, make_draft(target, "full"), **{name: True})  # not returned by plain generate() either
+    assert out.shape[0] == 2
+
+
 def test_missing_draft(target):
     with pytest.raises(ValueError, match="assistant_model"):
         run(target, None)

@@ -125,6 +125,7 @@ def check_request(model, draft_model, input_ids, generation_config: GenerationCo
     if generation_config.num_beams is not None and generation_config.num_beams > 1:
         raise ValueError(f"hf_specdec does not do beam search (num_beams={generation_config.num_beams}); "
                          "use num_beams=1 or drop spec_config.")
+    _check_decoding_mode(generation_config)
     for name in _UNSUPPORTED_MODEL_KWARGS:
         if model_kwargs.get(name) is not None:
             raise ValueError(f"hf_specdec does not accept `{name}`; pass input_ids (and attention_mask).")
@@ -155,6 +156,28 @@ def check_request(model, draft_model, input_ids, generation_config: GenerationCo
     pad = _as_list(getattr(generation_config, "_pad_token_tensor", None)) or _as_list(generation_config.pad_token_id)
     pad_id = pad[0] if pad else (eos[0] if eos else 0)
     return Request(bool(generation_config.do_sample), max_new, vocab, eos, pad_id)
+
+
+# What selects each decoding mode that is neither greedy nor sampling (transformers' get_generation_mode).
+_MODE_SETTINGS = {"contrastive_search": ("penalty_alpha", "top_k"), "dola_generation": ("dola_layers",),
+                  "constrained_beam_search": ("force_words_ids", "constraints")}
+
+
+def _check_decoding_mode(generation_config: GenerationConfig) -> None:
+    """Greedy decoding or sampling, as a speculative round reproduces; any other mode transformers would choose from
+    these settings (contrastive search, DoLa, constrained search) is refused by name rather than run as greedy; so are
+    per-step attentions and hidden states, which the rounds do not keep."""
+    mode = str(getattr(generation_config.get_generation_mode(), "value", ""))
+    if mode in _MODE_SETTINGS:
+        settings = ", ".join(f"{name}={getattr(generation_config, name, None)!r}" for name in _MODE_SETTINGS[mode])
+        raise ValueError(f"hf_specdec decodes greedily or by sampling; {settings} asks transformers for {mode}. "
+                         f"Unset {_MODE_SETTINGS[mode][0]}, or drop spec_config for {mode}.")
+    if generation_config.return_dict_in_generate:
+        for name in ("output_attentions", "output_hidden_states"):
+            if getattr(generation_config, name, False):
+                raise ValueError(f"hf_specdec does not return per-step {name.split('_', 1)[1].replace('_', ' ')} "
+                                 f"({name}=True); drop {name}, or drop spec_config for them (output_scores and "
+                                 "output_logits are returned).")
 
 
 def _check_head(target: PreTrainedModel, head) -> None:
