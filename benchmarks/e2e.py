@@ -20,7 +20,8 @@ later batch can still recompile; rows on the runner also warm up every smaller b
 pass over every batch again, up to --warm-passes times, while a pass still captured), then --repeats timed passes;
 tokens/s = generated tokens (up to and including EOS) / wall time, median over passes.
 Rows run in the order the final summary needs them (plain_compiled; fast and k=0; plain_eager;
-hf_assisted); rows not started within --deadline-s are skipped.
+hf_assisted); rows not started within --deadline-s are skipped; a SIGTERM (`timeout`, a job's limit) or Ctrl-C
+stops the run, and the rows already run still get their tables, summary and JSON ("stopped" says when).
 hf_specdec rows and stage costs: e2e_spec.py; divergent greedy rows: divergence.py; derived figures,
 tables, summary and JSON: e2e_report.py.  docs/end_to_end.md.
 
@@ -34,7 +35,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import re
+import signal
 import statistics
 import sys
 import time
@@ -50,7 +51,7 @@ from benchmarks.common import (  # noqa: E402
 )
 from benchmarks.divergence import add_to_results as add_divergences  # noqa: E402
 from benchmarks.e2e_report import finish_report, new_report, write_json  # noqa: E402
-from benchmarks.e2e_spec import run_spec, spec_fields  # noqa: E402
+from benchmarks.e2e_spec import load_heads, run_spec, spec_fields  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -335,32 +336,6 @@ def load(args):
     return device, dtype, tok, target, draft
 
 
-def head_label_and_path(spec: str) -> tuple[str, str]:
-    """``[NAME=]DIR`` -> (row label, directory): "head" for a bare directory, "head[NAME]" for a named one. A
-    directory that exists, or text before '=' that is not a plain name (``runs/lr=1e-3/head``), is a bare path."""
-    name, sep, path = spec.partition("=")
-    if sep and re.fullmatch(r"[\w.-]+", name) and not os.path.isdir(spec):
-        return f"head[{name}]", path
-    return "head", spec
-
-
-def load_heads(specs: list, target, params: dict) -> list:
-    """``--head`` arguments -> [(row label, loaded head)], each head's parameter count in ``params``."""
-    labelled = [head_label_and_path(spec) for spec in specs]
-    labels = [label for label, _ in labelled]
-    for label in set(labels):
-        if labels.count(label) > 1:
-            raise SystemExit(f"--head: {labels.count(label)} heads labelled {label!r}; give each its own NAME=DIR")
-    import hf_specdec
-
-    heads = []
-    for label, path in labelled:
-        head = hf_specdec.load_draft_head(path, target=target)
-        params[label] = sum(p.numel() for p in head.parameters())
-        heads.append((label, head))
-    return heads
-
-
 def main(argv=None):
     t_start = time.perf_counter()
     args = parse_args(argv)
@@ -376,7 +351,28 @@ def main(argv=None):
         if bench.batches_for(b) is None:
             bench.errors.append({"batch_size": b, "error": f"pool of {len(pool)} prompts is smaller than the batch"})
 
-    # the rows the summary needs first, so that --deadline-s cuts the least useful ones
+    signal.signal(signal.SIGTERM, _stop)  # `timeout` or a job's limit: the rows so far still get their summary
+    stop = None
+    try:
+        run_rows(bench, args, report)
+    except (SystemExit, KeyboardInterrupt) as exc:
+        stop = exc
+        report["stopped"] = f"{exc or type(exc).__name__} after {bench.elapsed():.0f} s: later rows not run"
+        print(f"[e2e] {report['stopped']}", flush=True)
+    report["total_seconds"] = bench.elapsed()
+    finish_report(report)
+    if stop is not None:
+        raise stop
+    return report
+
+
+def _stop(signum, frame):
+    raise SystemExit(f"stopped by signal {signal.Signals(signum).name}")
+
+
+def run_rows(bench, args, report):
+    """The rows the summary needs first, so that --deadline-s (or a stop) cuts the least useful ones; then the
+    divergence check of the greedy rows."""
     if not args.no_compile:
         run_plain(bench, compiled=True)
     ok, why = spec_available()
@@ -388,12 +384,8 @@ def main(argv=None):
     run_plain(bench, compiled=False)
     if not args.no_assisted and 1 in bench.batch_sizes:
         run_assisted(bench)
-
     if not args.no_divergence:
         add_divergences(bench, args.tie_ulps)
-    report["total_seconds"] = bench.elapsed()
-    finish_report(report)
-    return report
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ for the ideal speedup and the time outside forwards (e2e_report.py).
 """
 from __future__ import annotations
 
+import os
+import re
 import traceback
 
 from benchmarks.common import acceptance_length_histogram, aggregate_metrics
@@ -89,3 +91,29 @@ def run_spec(bench):
                 run_spec_row(bench, "hf_specdec", f"{label} k={k}", b, mode, batches, spec, head)
         run_spec_row(bench, "runner_plain", "k=0", b, mode, batches,
                      hf_specdec.SpecConfig(num_speculative_tokens=0, compile=compile), None)
+
+
+def head_label_and_path(spec: str) -> tuple[str, str]:
+    """``[NAME=]DIR`` -> (row label, directory): "head" for a bare directory, "head[NAME]" for a named one. A
+    directory that exists, or text before '=' that is not a plain name (``runs/lr=1e-3/head``), is a bare path."""
+    name, sep, path = spec.partition("=")
+    if sep and re.fullmatch(r"[\w.-]+", name) and not os.path.isdir(spec):
+        return f"head[{name}]", path
+    return "head", spec
+
+
+def load_heads(specs: list, target, params: dict) -> list:
+    """``--head`` arguments -> [(row label, loaded head)], each head's parameter count in ``params``."""
+    labelled = [head_label_and_path(spec) for spec in specs]
+    labels = [label for label, _ in labelled]
+    for label in set(labels):
+        if labels.count(label) > 1:
+            raise SystemExit(f"--head: {labels.count(label)} heads labelled {label!r}; give each its own NAME=DIR")
+    import hf_specdec
+
+    heads = []
+    for label, path in labelled:
+        head = hf_specdec.load_draft_head(path, target=target)
+        params[label] = sum(p.numel() for p in head.parameters())
+        heads.append((label, head))
+    return heads

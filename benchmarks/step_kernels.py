@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script from anywhere
 
 import hf_specdec  # noqa: E402
-from benchmarks.e2e import load_heads  # noqa: E402
+from benchmarks.e2e_spec import load_heads  # noqa: E402
 from benchmarks.scale import kernel_summary  # noqa: E402
 from hf_specdec.runner import bucket_for, runner_for  # noqa: E402
 from hf_specdec.runner.stage_timing import time_stages  # noqa: E402

@@ -101,6 +101,36 @@ def test_e2e_smoke(pair, tmp_path):
             assert 0 < r["speedup_vs_plain_compiled_fastest"] <= r["speedup_vs_plain_compiled"]
 
 
+@needs_data
+def test_e2e_stopped_by_a_signal_still_reports_the_rows_it_ran(pair, tmp_path, monkeypatch):
+    """`timeout` (or a job's time limit) sends SIGTERM: the rows already run keep their tables and JSON."""
+    import signal
+
+    from benchmarks import e2e
+
+    def stopped_here(bench, compiled):
+        if not compiled:
+            signal.raise_signal(signal.SIGTERM)
+        return run_plain(bench, compiled)
+
+    run_plain = e2e.run_plain
+    monkeypatch.setattr(e2e, "run_plain", stopped_here)
+    previous = signal.getsignal(signal.SIGTERM)
+    out = tmp_path / "e2e.json"
+    try:
+        with pytest.raises(SystemExit, match="SIGTERM"):
+            e2e.main(["--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompts", HUMANEVAL,
+                      "--batch-sizes", "1", "--modes", "greedy", "--max-new-tokens", "4", "--num-prompts", "2",
+                      "--min-prompts", "1", "--repeats", "1", "--k", "2", "--no-assisted", "--out", str(out)])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    report = json.load(open(out))
+    assert "SIGTERM" in report["stopped"] and report["total_seconds"] > 0
+    methods = {r["method"] for r in report["results"]}
+    assert "plain_compiled" in methods and "plain_eager" not in methods
+    assert all(r["tokens_per_s"] > 0 for r in report["results"])
+
+
 def test_e2e_report_against_hf_fastest_pass():
     """The summary's ``/cmp max``: the fast path's median tokens/s over Hugging Face's compiled path's fastest pass."""
     sys.path.insert(0, REPO)

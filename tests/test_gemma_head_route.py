@@ -55,7 +55,7 @@ def test_gemma_head_against_reduced_draft_end_to_end(tmp_path):
 
 def test_e2e_head_arguments(tmp_path, monkeypatch):
     sys.path.insert(0, REPO)
-    from benchmarks.e2e import head_label_and_path, load_heads
+    from benchmarks.e2e_spec import head_label_and_path, load_heads
 
     assert head_label_and_path("runs/head") == ("head", "runs/head")
     assert head_label_and_path("slim=runs/head_slim") == ("head[slim]", "runs/head_slim")
