@@ -15,6 +15,16 @@ def test_the_startup_fills_tritons_key_cache():
     assert triton_key.cache_info().currsize == 1
 
 
+def test_the_backends_cache_key_part_is_computed_ahead_for_a_hopper_target():
+    """No GPU needed: the wheel's ptxas answers for an sm_90 target, and the answer is cached for the first launch."""
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia import compiler as nvidia_compiler
+
+    nvidia_compiler.get_ptxas_version.cache_clear()
+    key = triton_startup.backend_hash(GPUTarget("cuda", 90, 32))
+    assert key.endswith("-90") and nvidia_compiler.get_ptxas_version.cache_info().currsize == 1
+
+
 def test_no_thread_for_a_model_off_cuda(monkeypatch):
     started = []
     monkeypatch.setattr(threading.Thread, "start", lambda self: started.append(self.name))

@@ -2,7 +2,8 @@
 
 The first Triton launch of a process hashes Triton's own sources into its cache key (``triton_key``: about
 0.4 s on an H200 host) and imports the compiler's Gluon front end (about 0.1 s), even when every kernel is
-in Triton's disk cache. ``hf_specdec.enable`` starts both in a daemon thread: file reads and hashing release
+in Triton's disk cache, and its compiler backend asks ``ptxas`` for its version (about 0.2 s) for every kernel's cache
+key. ``hf_specdec.enable`` starts these in a daemon thread: file reads and hashing release
 the GIL, so they overlap what the user does next (loading a draft, tokenising) and the first
 ``generate()`` finds them done. The same thread creates Triton's CUDA driver (its utility module: a C build with
 an empty cache, 0.6 s); another builds the kernels' launchers ahead (``triton_launchers.py``). Best effort: a failure
@@ -43,8 +44,17 @@ def triton_startup() -> None:
         from triton.runtime import driver
 
         driver.active  # noqa: B018  (created on first use: the first launch then finds it)
+        backend_hash(driver.active.get_current_target())
     except Exception:  # noqa: BLE001
         pass
+
+
+def backend_hash(target) -> str:
+    """The compiler backend's part of every kernel's cache key for ``target``: on NVIDIA GPUs it runs ``ptxas
+    --version`` once a process (functools.lru_cache; 0.2 s of a first call in a process whose caches were warm)."""
+    from triton.compiler.compiler import make_backend
+
+    return make_backend(target).hash()
 
 
 def _prebuild_launchers() -> None:
