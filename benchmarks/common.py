@@ -6,6 +6,7 @@ import gzip
 import importlib
 import json
 import os
+import signal
 import time
 from contextlib import contextmanager
 
@@ -48,6 +49,19 @@ def read_jsonl(path: str, field: str = "prompt", limit: int | None = None) -> li
             if limit is not None and len(out) >= limit:
                 break
     return out
+
+
+def exit_on_signal(signum, frame):
+    """A signal handler: the run stops as with ``sys.exit``, so its ``finally`` blocks still write what it has."""
+    raise SystemExit(f"stopped by signal {signal.Signals(signum).name}")
+
+
+def on_sigterm(handler):
+    """Install ``handler`` for SIGTERM; the one before (None off the main thread, where none can be installed)."""
+    try:
+        return signal.signal(signal.SIGTERM, handler) if handler is not None else None
+    except ValueError:
+        return None
 
 
 def pick_device(name: str = "auto") -> torch.device:

@@ -46,8 +46,8 @@ import torch
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(_HERE))  # the repository root, for benchmarks.*
 from benchmarks.common import (  # noqa: E402
-    REPO_ROOT, Timer, find_humaneval, load_pair, metrics_dict, pick_device, pick_dtype, read_jsonl, spec_available,
-    valid_new_tokens,
+    REPO_ROOT, Timer, exit_on_signal, find_humaneval, load_pair, metrics_dict, on_sigterm, pick_device, pick_dtype,
+    read_jsonl, spec_available, valid_new_tokens,
 )
 from benchmarks.divergence import add_to_results as add_divergences  # noqa: E402
 from benchmarks.e2e_report import finish_report, new_report, write_json  # noqa: E402
@@ -351,23 +351,23 @@ def main(argv=None):
         if bench.batches_for(b) is None:
             bench.errors.append({"batch_size": b, "error": f"pool of {len(pool)} prompts is smaller than the batch"})
 
-    signal.signal(signal.SIGTERM, _stop)  # `timeout` or a job's limit: the rows so far still get their summary
+    previous = on_sigterm(exit_on_signal)  # `timeout` or a job's limit: the rows so far still get their summary
     stop = None
     try:
         run_rows(bench, args, report)
     except (SystemExit, KeyboardInterrupt) as exc:
         stop = exc
-        report["stopped"] = f"{exc or type(exc).__name__} after {bench.elapsed():.0f} s: later rows not run"
+        report["stopped"] = f"{str(exc) or type(exc).__name__} after {bench.elapsed():.0f} s: later rows not run"
         print(f"[e2e] {report['stopped']}", flush=True)
     report["total_seconds"] = bench.elapsed()
-    finish_report(report)
+    on_sigterm(signal.SIG_IGN)  # a second signal does not cut the report short
+    try:
+        finish_report(report)
+    finally:
+        on_sigterm(previous)
     if stop is not None:
         raise stop
     return report
-
-
-def _stop(signum, frame):
-    raise SystemExit(f"stopped by signal {signal.Signals(signum).name}")
 
 
 def run_rows(bench, args, report):

@@ -64,10 +64,10 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
 def _after_background_tracing():
     """A plain call runs holding ``CAPTURE_LOCK``, as hf_specdec's own work in another thread does: a background
     compilation traces and captures, and Hugging Face's compiled plain ``generate()`` compiling and replaying its own
-    graphs meanwhile can break both (torch.fx's patches and tracing flag alone no longer matter:
-    ``runner/thread_scoped_tracing.py``). The compilation may take the lock any time
-    after a speculative call returned (its first phase runs in a separate process), so the lock is held for the whole
-    call, not only checked at its start; plain calls of several threads therefore run one after another."""
+    graphs meanwhile can break both (torch.fx's patches of ``nn.Module`` act in the compiling thread only,
+    ``runner/thread_scoped_tracing.py``, but its tracing flag stays process-wide). The compilation may take the lock
+    any time after a speculative call returned (its first phase runs in a separate process), so the lock is held for
+    the whole call, not only checked at its start; plain calls of several threads therefore run one after another."""
     if not CAPTURE_LOCK.acquire(blocking=False):
         warnings.warn("hf_specdec: this generate() without spec_config waits for the compilation, CUDA graph capture "
                       "or plain generate() that another thread runs under hf_specdec's lock; SpecConfig(compile=True) "

@@ -73,6 +73,27 @@ def test_per_step_attentions_and_hidden_states_refused_not_dropped(target, name)
     assert out.shape[0] == 2
 
 
+def test_per_step_hidden_states_from_the_models_own_config_warn_and_the_call_runs():
+    """``from_pretrained(..., output_hidden_states=True)`` puts them in the model's generation_config: not the call's
+    request, so it runs (a warning says they are left out) and returns the plain greedy tokens."""
+    model = make_model("llama", seed=0)
+    model.generation_config.output_hidden_states = model.generation_config.return_dict_in_generate = True
+    ids, mask = left_padded_prompts(2, seed=0)
+    want = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=8).sequences
+    hf_specdec.enable(model)
+    with pytest.warns(UserWarning, match="generation_config asks for them"):
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=8,
+                             assistant_model=make_draft(model, "mix"),
+                             spec_config=hf_specdec.SpecConfig(num_speculative_tokens=3))
+    assert torch.equal(out.sequences, want)
+
+
+def test_sampling_with_top_k_and_a_penalty_alpha_is_sampling(target):
+    """penalty_alpha selects contrastive search only for greedy decoding; sampled, transformers samples."""
+    out = run(target, make_draft(target, "mix"), do_sample=True, top_k=5, penalty_alpha=0.6)
+    assert out.shape[0] == 2
+
+
 def test_missing_draft(target):
     with pytest.raises(ValueError, match="assistant_model"):
         run(target, None)

@@ -6,6 +6,7 @@ cannot be served exactly.
 from __future__ import annotations
 
 import inspect
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -125,7 +126,7 @@ def check_request(model, draft_model, input_ids, generation_config: GenerationCo
     if generation_config.num_beams is not None and generation_config.num_beams > 1:
         raise ValueError(f"hf_specdec does not do beam search (num_beams={generation_config.num_beams}); "
                          "use num_beams=1 or drop spec_config.")
-    _check_decoding_mode(generation_config)
+    _check_decoding_mode(generation_config, getattr(model, "generation_config", None))
     for name in _UNSUPPORTED_MODEL_KWARGS:
         if model_kwargs.get(name) is not None:
             raise ValueError(f"hf_specdec does not accept `{name}`; pass input_ids (and attention_mask).")
@@ -161,23 +162,35 @@ def check_request(model, draft_model, input_ids, generation_config: GenerationCo
 # What selects each decoding mode that is neither greedy nor sampling (transformers' get_generation_mode).
 _MODE_SETTINGS = {"contrastive_search": ("penalty_alpha", "top_k"), "dola_generation": ("dola_layers",),
                   "constrained_beam_search": ("force_words_ids", "constraints")}
+_PER_STEP = ("output_attentions", "output_hidden_states")
 
 
-def _check_decoding_mode(generation_config: GenerationConfig) -> None:
+def _check_decoding_mode(generation_config: GenerationConfig, model_default: Optional[GenerationConfig]) -> None:
     """Greedy decoding or sampling, as a speculative round reproduces; any other mode transformers would choose from
     these settings (contrastive search, DoLa, constrained search) is refused by name rather than run as greedy; so are
-    per-step attentions and hidden states, which the rounds do not keep."""
+    per-step attentions and hidden states asked for in the call, which the rounds do not keep (asked for by the
+    model's own generation_config, e.g. from ``from_pretrained(..., output_hidden_states=True)``: a warning)."""
     mode = str(getattr(generation_config.get_generation_mode(), "value", ""))
     if mode in _MODE_SETTINGS:
-        settings = ", ".join(f"{name}={getattr(generation_config, name, None)!r}" for name in _MODE_SETTINGS[mode])
+        names = _MODE_SETTINGS[mode][:1] if mode == "contrastive_search" else \
+            [n for n in _MODE_SETTINGS[mode] if getattr(generation_config, n, None) is not None]
+        settings = ", ".join(f"{name}={getattr(generation_config, name, None)!r}" for name in
+                             (_MODE_SETTINGS[mode] if mode == "contrastive_search" else names))
         raise ValueError(f"hf_specdec decodes greedily or by sampling; {settings} asks transformers for {mode}. "
-                         f"Unset {_MODE_SETTINGS[mode][0]}, or drop spec_config for {mode}.")
-    if generation_config.return_dict_in_generate:
-        for name in ("output_attentions", "output_hidden_states"):
-            if getattr(generation_config, name, False):
-                raise ValueError(f"hf_specdec does not return per-step {name.split('_', 1)[1].replace('_', ' ')} "
-                                 f"({name}=True); drop {name}, or drop spec_config for them (output_scores and "
-                                 "output_logits are returned).")
+                         f"Unset {' and '.join(names)}, or drop spec_config for {mode}.")
+    if not generation_config.return_dict_in_generate:
+        return
+    for name in _PER_STEP:
+        if not getattr(generation_config, name, False):
+            continue
+        what = name.split("_", 1)[1].replace("_", " ")
+        if model_default is not None and getattr(model_default, name, False):
+            warnings.warn(f"hf_specdec does not return per-step {what}; the model's generation_config asks for them "
+                          f"({name}=True, e.g. from its config): the output leaves them out. Pass {name}=False to "
+                          "generate() to say so.", UserWarning, stacklevel=6)
+            continue
+        raise ValueError(f"hf_specdec does not return per-step {what} ({name}=True); drop {name}, or drop "
+                         "spec_config for them (output_scores and output_logits are returned).")
 
 
 def _check_head(target: PreTrainedModel, head) -> None:

@@ -8,9 +8,12 @@ beside the background compilation). It also sets a process-wide flag that makes 
 ``torch.compile`` refuse to run ("Detected that you are using FX to symbolically trace a dynamo-optimized
 function"). While ``tracing_patches_in_own_thread()`` is held, each patch torch makes is a function that runs the
 tracer's wrapper in the thread that made it and the original in any other thread, and Dynamo's
-``force_compile_during_fx_trace`` is on, so compiled functions of other threads run (the compiling thread's own
-traces call none). It wraps ``_Patcher.patch`` / ``patch_method``, torch's own private helpers: a torch without them
-is left alone (other threads' forwards are then exposed as before). ``tests/test_thread_scoped_tracing.py``
+``force_compile_during_fx_trace`` is on (torch 2.11 and later have it), so compiled functions of other threads run
+(the compiling thread's own traces call none; one that must compile first waits for Dynamo's compile lock, held by
+the compilation). That flag is process-wide: meanwhile a user's own ``torch.fx`` trace over a compiled function
+compiles it instead of refusing. It wraps ``_Patcher.patch`` / ``patch_method``, torch's own private helpers: a
+torch without them is left alone (other threads' forwards are then exposed as before). Still process-wide: torch.fx's
+tracing flag itself (``is_fx_tracing()``), which a few torch internals read. ``tests/test_thread_scoped_tracing.py``
 reproduces both failures on the CPU.
 """
 from __future__ import annotations
@@ -81,15 +84,15 @@ def tracing_patches_in_own_thread() -> Iterator[bool]:
     if patcher is None:
         yield False
         return
+    dynamo_config = _dynamo_config()  # resolved before anything changes
     with _LOCK:
         if _HOLDERS == 0:
-            _ORIGINALS.update(patch=patcher.patch, patch_method=patcher.patch_method)
-            patcher.patch = _scoped_patch(_ORIGINALS["patch"])
-            patcher.patch_method = _scoped_patch_method(_ORIGINALS["patch_method"])
-            dynamo_config = _dynamo_config()
             if dynamo_config is not None:
                 _ORIGINALS[_FORCE] = getattr(dynamo_config, _FORCE)
                 setattr(dynamo_config, _FORCE, True)
+            _ORIGINALS.update(patch=patcher.patch, patch_method=patcher.patch_method)
+            patcher.patch = _scoped_patch(_ORIGINALS["patch"])
+            patcher.patch_method = _scoped_patch_method(_ORIGINALS["patch_method"])
         _HOLDERS += 1
     try:
         yield True
@@ -99,4 +102,4 @@ def tracing_patches_in_own_thread() -> Iterator[bool]:
             if _HOLDERS == 0:
                 patcher.patch, patcher.patch_method = _ORIGINALS.pop("patch"), _ORIGINALS.pop("patch_method")
                 if _FORCE in _ORIGINALS:
-                    setattr(_dynamo_config(), _FORCE, _ORIGINALS.pop(_FORCE))
+                    setattr(dynamo_config, _FORCE, _ORIGINALS.pop(_FORCE))
