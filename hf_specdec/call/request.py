@@ -159,9 +159,10 @@ def check_request(model, draft_model, input_ids, generation_config: GenerationCo
     return Request(bool(generation_config.do_sample), max_new, vocab, eos, pad_id)
 
 
-# What selects each decoding mode that is neither greedy nor sampling (transformers' get_generation_mode).
-_MODE_SETTINGS = {"contrastive_search": ("penalty_alpha", "top_k"), "dola_generation": ("dola_layers",),
-                  "constrained_beam_search": ("force_words_ids", "constraints")}
+# Each decoding mode that is neither greedy nor sampling (transformers' get_generation_mode): the settings that select
+# it, and those shown beside them.
+_MODE_SETTINGS = {"contrastive_search": (("penalty_alpha",), ("top_k",)), "dola_generation": (("dola_layers",), ()),
+                  "constrained_beam_search": (("force_words_ids", "constraints"), ())}
 _PER_STEP = ("output_attentions", "output_hidden_states")
 
 
@@ -172,10 +173,9 @@ def _check_decoding_mode(generation_config: GenerationConfig, model_default: Opt
     model's own generation_config, e.g. from ``from_pretrained(..., output_hidden_states=True)``: a warning)."""
     mode = str(getattr(generation_config.get_generation_mode(), "value", ""))
     if mode in _MODE_SETTINGS:
-        names = _MODE_SETTINGS[mode][:1] if mode == "contrastive_search" else \
-            [n for n in _MODE_SETTINGS[mode] if getattr(generation_config, n, None) is not None]
-        settings = ", ".join(f"{name}={getattr(generation_config, name, None)!r}" for name in
-                             (_MODE_SETTINGS[mode] if mode == "contrastive_search" else names))
+        selectors, shown = _MODE_SETTINGS[mode]
+        names = [name for name in selectors if getattr(generation_config, name, None) is not None]
+        settings = ", ".join(f"{name}={getattr(generation_config, name, None)!r}" for name in names + list(shown))
         raise ValueError(f"hf_specdec decodes greedily or by sampling; {settings} asks transformers for {mode}. "
                          f"Unset {' and '.join(names)}, or drop spec_config for {mode}.")
     if not generation_config.return_dict_in_generate:
