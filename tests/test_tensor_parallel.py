@@ -18,6 +18,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# One xdist worker for the module (`--dist loadgroup`): its torchrun fixture then runs once, not once a worker.
+pytestmark = pytest.mark.xdist_group("tensor_parallel")
 
 
 def _checkpoints(root):
